@@ -1,0 +1,53 @@
+# Everything a fresh machine needs: Python 3.11 with pip, and make. No venv required beforehand.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST := $(BIN)/python -m pytest
+
+.PHONY: all venv test lint typecheck unit benchcheck bench regen clean
+
+all: test
+
+# Exact versions of every dependency live in requirements/constraints.txt (the tested set);
+# pyproject.toml keeps the ranges a user's own install resolves against.
+$(STAMP): pyproject.toml requirements/constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+# The type checker resolves `inferwire.*` through this link tree: the folders are mapped under
+# the namespace by setuptools' import hook, which mypy does not run.
+.typecheck/inferwire: | $(STAMP)
+	mkdir -p .typecheck/inferwire
+	for d in codecs schemas transports bench; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP) .typecheck/inferwire
+	$(BIN)/mypy -p inferwire.codecs -p inferwire.schemas -p inferwire.transports -p inferwire.bench
+	$(BIN)/mypy tests
+
+unit: $(STAMP)
+	$(PYTEST) tests
+
+# Every benchmark body once, untimed: a broken benchmark fails CI.
+benchcheck: $(STAMP)
+	$(PYTEST) bench --benchmark-disable
+
+test: lint typecheck unit benchcheck
+
+# The main job: the standard benchmark matrix, written to results/.
+bench: $(STAMP)
+	$(BIN)/inferwire bench --out results
+
+regen: $(STAMP)
+	$(BIN)/python -m inferwire.schemas.generate
+
+clean:
+	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache .benchmarks

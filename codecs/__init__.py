@@ -1,0 +1,111 @@
+"""inferwire.codecs: one small, typed API over every wire format inferwire measures.
+
+    import inferwire.codecs as ic
+    codec = ic.get("protobuf")
+    data = codec.encode(chunk)
+    chunk2 = codec.decode(data, ic.TokenChunk)
+
+Each codec lives in a module of its own; adding one is adding a module and a line in
+``_FACTORIES``. Codecs whose library is missing fail at :func:`get` with a message that says
+what to install, never at import of this package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Final
+
+from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike, Codec, StreamDecoder, StreamEncoder
+from .errors import (
+    CodecError,
+    DecodeError,
+    EncodeError,
+    FrameTooLargeError,
+    IncompleteStreamError,
+    UnknownCodecError,
+    VerificationError,
+)
+from .model import (
+    DATATYPES,
+    EmbeddingBatch,
+    InferRequest,
+    InferResponse,
+    Message,
+    Tensor,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+__all__ = [
+    "DATATYPES",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "BytesLike",
+    "Codec",
+    "CodecError",
+    "DecodeError",
+    "EmbeddingBatch",
+    "EncodeError",
+    "FrameTooLargeError",
+    "IncompleteStreamError",
+    "InferRequest",
+    "InferResponse",
+    "Message",
+    "StreamDecoder",
+    "StreamEncoder",
+    "Tensor",
+    "TokenChunk",
+    "TokenLogprob",
+    "TopLogprob",
+    "UnknownCodecError",
+    "Usage",
+    "VerificationError",
+    "get",
+    "names",
+]
+
+# name -> (module, class): imported on first use so one missing optional library does not
+# break the others.
+_FACTORIES: Final[dict[str, tuple[str, str]]] = {
+    "json": ("json_codec", "JsonCodec"),
+    "orjson": ("orjson_codec", "OrjsonCodec"),
+    "msgpack": ("msgpack_codec", "MsgpackCodec"),
+    "msgspec-json": ("msgspec_codec", "MsgspecJsonCodec"),
+    "msgspec-msgpack": ("msgspec_codec", "MsgspecMsgpackCodec"),
+    "protobuf": ("protobuf_codec", "ProtobufCodec"),
+    "flatbuffers": ("flatbuffers_codec", "FlatbuffersCodec"),
+    "tensor": ("tensor_codec", "TensorCodec"),
+}
+_instances: dict[str, Codec] = {}
+
+
+def names() -> list[str]:
+    """The registered codec names, in a stable order."""
+    return list(_FACTORIES)
+
+
+def _codec_class(name: str) -> Callable[..., Codec]:
+    try:
+        module_name, class_name = _FACTORIES[name]
+    except KeyError:
+        raise UnknownCodecError(
+            f"unknown codec {name!r}; registered: {', '.join(_FACTORIES)}"
+        ) from None
+    module = importlib.import_module(f"{__name__}.{module_name}")
+    factory: Callable[..., Codec] = getattr(module, class_name)
+    return factory
+
+
+def get(name: str, **options: Any) -> Codec:
+    """The codec registered as ``name``; with options (e.g. ``framing="ndjson"``), a new one.
+
+    Raises :class:`UnknownCodecError` for a name that is not registered.
+    """
+    if options:
+        return _codec_class(name)(**options)
+    codec = _instances.get(name)
+    if codec is None:
+        codec = _instances[name] = _codec_class(name)()
+    return codec

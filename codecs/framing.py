@@ -1,0 +1,273 @@
+"""Stream framing shared by the codecs: length-prefixed binary frames, SSE and NDJSON.
+
+Each framer is sans-IO and knows nothing of a message's format: it is given the codec's
+``encode``/``decode`` functions for one message. Every stream ends with an explicit marker, so a
+stream cut short is never taken for a complete one.
+
+Binary frames (after gRPC's 5-byte message prefix, https://github.com/grpc/grpc/blob/master/
+doc/PROTOCOL-HTTP2.md): one kind byte, a 4-byte big-endian payload length, the payload.
+Kind 0 carries one message; kind 1 ends the stream and its 8-byte big-endian payload is the
+number of messages sent, which the decoder checks.
+
+Server-sent events (https://html.spec.whatwg.org/multipage/server-sent-events.html): each
+message is ``data: <json>\\n\\n`` and the stream ends with ``data: [DONE]\\n\\n``, exactly as
+OpenAI-compatible servers send it. NDJSON: one JSON object a line, ending with the line
+``{"object":"stream.end","count":N}``.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+from typing import Final, Generic, TypeVar
+
+from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike
+from .errors import DecodeError, FrameTooLargeError, IncompleteStreamError
+
+M = TypeVar("M")
+
+FRAME_HEADER: Final = struct.Struct(">BI")
+KIND_MESSAGE: Final = 0
+KIND_END: Final = 1
+_END_PAYLOAD: Final = struct.Struct(">Q")
+
+SSE_DONE: Final = b"data: [DONE]\n\n"
+NDJSON_END_PREFIX: Final = b'{"object":"stream.end","count":'
+
+
+def frame(payload: bytes) -> bytes:
+    """One length-prefixed message frame."""
+    return FRAME_HEADER.pack(KIND_MESSAGE, len(payload)) + payload
+
+
+class LengthPrefixedEncoder:
+    """Frames each message the codec encodes; :meth:`end` writes the count-carrying end."""
+
+    __slots__ = ("_encode", "count")
+
+    def __init__(self, encode: Callable[[object], bytes]) -> None:
+        self._encode = encode
+        self.count = 0
+
+    def encode(self, message: object, /) -> bytes:
+        payload = self._encode(message)
+        self.count += 1
+        return FRAME_HEADER.pack(KIND_MESSAGE, len(payload)) + payload
+
+    def end(self) -> bytes:
+        return FRAME_HEADER.pack(KIND_END, _END_PAYLOAD.size) + _END_PAYLOAD.pack(self.count)
+
+
+class _BufferedDecoder:
+    """Holds unconsumed bytes and the end-of-stream state shared by every stream decoder."""
+
+    __slots__ = ("_buffer", "_scan", "count", "finished", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        if max_frame_bytes <= 0:
+            raise ValueError("max_frame_bytes must be positive")
+        self._buffer = bytearray()
+        self.max_frame_bytes = max_frame_bytes
+        self.finished = False
+        self.count = 0
+        # Where a delimiter search resumes, so bytes fed one at a time are not rescanned.
+        self._scan = 0
+
+    def _check_open(self, data: BytesLike) -> None:
+        if self.finished and len(data):
+            raise DecodeError("bytes after the end of the stream")
+
+    def close(self) -> None:
+        if not self.finished:
+            state = "mid-frame" if self._buffer else "without its end marker"
+            raise IncompleteStreamError(f"stream ended {state} after {self.count} messages")
+
+
+class LengthPrefixedDecoder(_BufferedDecoder, Generic[M]):
+    """Reads :class:`LengthPrefixedEncoder` frames; refuses an oversized frame from its header."""
+
+    __slots__ = ("_decode",)
+
+    def __init__(
+        self, decode: Callable[[bytes], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
+        super().__init__(max_frame_bytes)
+        self._decode = decode
+
+    def feed(self, data: BytesLike, /) -> list[M]:
+        self._check_open(data)
+        buffer = self._buffer
+        buffer += data
+        out: list[M] = []
+        pos = 0
+        end = len(buffer)
+        header_size = FRAME_HEADER.size
+        with memoryview(buffer) as view:
+            while end - pos >= header_size:
+                kind, length = FRAME_HEADER.unpack_from(view, pos)
+                if length > self.max_frame_bytes:
+                    raise FrameTooLargeError(length, self.max_frame_bytes)
+                if kind == KIND_MESSAGE:
+                    if end - pos - header_size < length:
+                        break
+                    start = pos + header_size
+                    # A copy: zero-copy decoders keep views of their input, and the buffer
+                    # must stay free to shrink.
+                    out.append(self._decode(bytes(view[start : start + length])))
+                    self.count += 1
+                    pos = start + length
+                elif kind == KIND_END:
+                    if length != _END_PAYLOAD.size:
+                        raise DecodeError(f"end frame of {length} bytes, expected 8")
+                    if end - pos - header_size < length:
+                        break
+                    (sent,) = _END_PAYLOAD.unpack_from(view, pos + header_size)
+                    if sent != self.count:
+                        raise DecodeError(f"stream sent {sent} messages, {self.count} arrived")
+                    pos += header_size + length
+                    if pos != end:
+                        raise DecodeError("bytes after the end of the stream")
+                    self.finished = True
+                    break
+                else:
+                    raise DecodeError(f"unknown frame kind {kind:#04x}")
+        del buffer[:pos]
+        return out
+
+
+# SSE lines end in CRLF, LF or CR; an event ends at an empty line.
+_SSE_EVENT_END: Final = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+_SSE_LINE: Final = re.compile(rb"\r\n|\r|\n")
+
+
+class SseEncoder:
+    """``data: <json>`` events ending with ``data: [DONE]`` (OpenAI's stream framing)."""
+
+    __slots__ = ("_encode", "count")
+
+    def __init__(self, encode: Callable[[object], bytes]) -> None:
+        self._encode = encode
+        self.count = 0
+
+    def encode(self, message: object, /) -> bytes:
+        self.count += 1
+        return b"data: " + self._encode(message) + b"\n\n"
+
+    def end(self) -> bytes:
+        return SSE_DONE
+
+
+class SseDecoder(_BufferedDecoder, Generic[M]):
+    """Parses server-sent events per the WHATWG rules; only ``data`` fields carry messages."""
+
+    __slots__ = ("_decode",)
+
+    def __init__(
+        self, decode: Callable[[bytes], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
+        super().__init__(max_frame_bytes)
+        self._decode = decode
+
+    def feed(self, data: BytesLike, /) -> list[M]:
+        self._check_open(data)
+        buffer = self._buffer
+        buffer += data
+        out: list[M] = []
+        pos = 0
+        while True:
+            match = _SSE_EVENT_END.search(buffer, max(pos, self._scan))
+            # A CR at the very end may be the first half of a CRLF: wait for the next byte.
+            if match is None or (match.end() == len(buffer) and buffer.endswith(b"\r")):
+                # an event end is at most 4 bytes (CRLF CRLF): resume 3 bytes back
+                self._scan = max(pos, len(buffer) - 3)
+                break
+            event = bytes(buffer[pos : match.start()])
+            pos = match.end()
+            payload = _sse_data(event)
+            if payload is None:
+                continue  # comment or an event with no data: nothing to dispatch
+            if payload == b"[DONE]":
+                if pos != len(buffer):
+                    raise DecodeError("bytes after data: [DONE]")
+                self.finished = True
+                break
+            out.append(self._decode(payload))
+            self.count += 1
+        del buffer[:pos]
+        self._scan = max(0, self._scan - pos)
+        if len(buffer) > self.max_frame_bytes:
+            raise FrameTooLargeError(len(buffer), self.max_frame_bytes)
+        return out
+
+
+def _sse_data(event: bytes) -> bytes | None:
+    """The joined ``data`` field values of one event, or ``None`` if it has none."""
+    if event.startswith(b"data: ") and b"\n" not in event and b"\r" not in event:
+        return event[6:]  # the common case: a single data line
+    values = []
+    for line in _SSE_LINE.split(event):
+        if not line or line.startswith(b":"):
+            continue
+        name, colon, value = line.partition(b":")
+        if colon and value.startswith(b" "):
+            value = value[1:]
+        if name == b"data":
+            values.append(value)
+    return b"\n".join(values) if values else None
+
+
+class NdjsonEncoder:
+    """One JSON object a line; the last line counts the messages sent."""
+
+    __slots__ = ("_encode", "count")
+
+    def __init__(self, encode: Callable[[object], bytes]) -> None:
+        self._encode = encode
+        self.count = 0
+
+    def encode(self, message: object, /) -> bytes:
+        self.count += 1
+        return self._encode(message) + b"\n"
+
+    def end(self) -> bytes:
+        return NDJSON_END_PREFIX + str(self.count).encode() + b"}\n"
+
+
+class NdjsonDecoder(_BufferedDecoder, Generic[M]):
+    __slots__ = ("_decode",)
+
+    def __init__(
+        self, decode: Callable[[bytes], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
+        super().__init__(max_frame_bytes)
+        self._decode = decode
+
+    def feed(self, data: BytesLike, /) -> list[M]:
+        self._check_open(data)
+        buffer = self._buffer
+        buffer += data
+        out: list[M] = []
+        pos = 0
+        while (newline := buffer.find(b"\n", max(pos, self._scan))) >= 0:
+            line = bytes(buffer[pos:newline])
+            pos = newline + 1
+            if line.startswith(NDJSON_END_PREFIX):
+                count = line[len(NDJSON_END_PREFIX) :]
+                if not count.endswith(b"}") or not count[:-1].isdigit():
+                    raise DecodeError(f"malformed NDJSON end line {line[:64]!r}")
+                if int(count[:-1]) != self.count + len(out):
+                    raise DecodeError(
+                        f"stream sent {int(count[:-1])} messages, {self.count + len(out)} arrived"
+                    )
+                if pos != len(buffer):
+                    raise DecodeError("bytes after the end of the stream")
+                self.finished = True
+                break
+            out.append(self._decode(line))
+        self.count += len(out)
+        self._scan = len(buffer) - pos
+        del buffer[:pos]
+        if len(buffer) > self.max_frame_bytes:
+            raise FrameTooLargeError(len(buffer), self.max_frame_bytes)
+        return out

@@ -1,0 +1,36 @@
+"""``json``: the standard library, as a server with no extra dependency would write it.
+
+Floats are written with ``repr`` (the shortest text that reads back to the same double), so a
+round trip is exact; NaN and infinities are refused (``allow_nan=False``): JSON has no text for
+them. Text is UTF-8 without ``\\u`` escapes, as OpenAI-compatible servers send it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from .base import BytesLike
+from .dictcodec import DictCodec, Framing
+
+_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_decoder = json.JSONDecoder()
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class JsonCodec(DictCodec):
+    name: ClassVar[str] = "json"
+    media_type: ClassVar[str] = "application/json"
+    stream_media_type: ClassVar[str] = "text/event-stream"
+    binary: ClassVar[bool] = False
+    default_framing: ClassVar[Framing] = "sse"
+
+    def dumps(self, obj: Any) -> bytes:
+        return _encoder.encode(obj).encode()
+
+    def loads(self, data: BytesLike) -> Any:
+        # parse_constant: the stdlib would otherwise accept NaN and Infinity.
+        return json.loads(bytes(data), parse_constant=_reject_constant)

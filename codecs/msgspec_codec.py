@@ -1,0 +1,354 @@
+"""``msgspec-json`` and ``msgspec-msgpack``: typed msgspec Structs of the same wire objects.
+
+The Structs mirror :mod:`inferwire.codecs.openai` field for field, so ``msgspec-json`` writes
+the same OpenAI/KServe JSON as ``json`` (floats in msgspec's shortest form) and
+``msgspec-msgpack`` the same MessagePack as ``msgpack``. msgspec validates types while it
+decodes, so no separate check pass is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, TypeVar, cast
+
+import msgspec
+import numpy as np
+
+from . import openai as oa
+from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike, Codec, StreamDecoder, StreamEncoder
+from .errors import CodecError, DecodeError, EncodeError
+from .framing import LengthPrefixedDecoder, LengthPrefixedEncoder, SseDecoder, SseEncoder
+from .model import (
+    EmbeddingBatch,
+    InferRequest,
+    InferResponse,
+    Tensor,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+M = TypeVar("M")
+
+
+class TopLogprobS(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprobS(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprobS]
+
+
+class LogprobsS(msgspec.Struct):
+    content: list[TokenLogprobS]
+
+
+class DeltaS(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: str | None = None
+    content: str
+
+
+class ChoiceS(msgspec.Struct):
+    index: int
+    delta: DeltaS
+    logprobs: LogprobsS | None
+    finish_reason: str | None
+    token_ids: list[int]
+
+
+class UsageS(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChunkS(msgspec.Struct, kw_only=True, omit_defaults=True):
+    id: str
+    object: str
+    created: int
+    model: str
+    seq: int
+    choices: list[ChoiceS]
+    usage: UsageS | None = None
+
+
+class EmbeddingJsonS(msgspec.Struct):
+    object: str
+    index: int
+    embedding: list[float]
+
+
+class EmbeddingBinS(msgspec.Struct):
+    object: str
+    index: int
+    embedding: bytes
+
+
+class EmbeddingsJsonS(msgspec.Struct):
+    object: str
+    data: list[EmbeddingJsonS]
+    model: str
+    usage: UsageS | None
+
+
+class EmbeddingsBinS(msgspec.Struct):
+    object: str
+    data: list[EmbeddingBinS]
+    model: str
+    usage: UsageS | None
+
+
+class TensorJsonS(msgspec.Struct):
+    name: str
+    shape: list[int]
+    datatype: str
+    data: list[bool | int | float | str]
+
+
+class TensorBinS(msgspec.Struct):
+    name: str
+    shape: list[int]
+    datatype: str
+    data: bytes
+
+
+class RequestJsonS(msgspec.Struct):
+    model_name: str
+    id: str
+    inputs: list[TensorJsonS]
+
+
+class RequestBinS(msgspec.Struct):
+    model_name: str
+    id: str
+    inputs: list[TensorBinS]
+
+
+class ResponseJsonS(msgspec.Struct):
+    model_name: str
+    id: str
+    outputs: list[TensorJsonS]
+
+
+class ResponseBinS(msgspec.Struct):
+    model_name: str
+    id: str
+    outputs: list[TensorBinS]
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):  # msgspec would write null in JSON
+        raise EncodeError(f"non-finite float {value!r} cannot be carried")
+    return value
+
+
+def _usage_s(usage: Usage | None) -> UsageS | None:
+    if usage is None:
+        return None
+    return UsageS(usage.prompt_tokens, usage.completion_tokens,
+                  usage.prompt_tokens + usage.completion_tokens)
+
+
+def _usage(usage: UsageS | None) -> Usage | None:
+    if usage is None:
+        return None
+    return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+
+
+def chunk_to_struct(chunk: TokenChunk) -> ChunkS:
+    logprobs = chunk.logprobs
+    return ChunkS(
+        id=chunk.id,
+        object=oa.CHUNK_OBJECT,
+        created=chunk.created,
+        model=chunk.model,
+        seq=chunk.seq,
+        choices=[
+            ChoiceS(
+                chunk.index,
+                DeltaS(role="assistant" if chunk.seq == 0 else None, content=chunk.text),
+                None if logprobs is None else LogprobsS([
+                    TokenLogprobS(
+                        lp.token, _finite(lp.logprob), list(lp.token.encode()),
+                        [TopLogprobS(t.token, _finite(t.logprob), list(t.token.encode()))
+                         for t in lp.top],
+                    )
+                    for lp in logprobs
+                ]),
+                chunk.finish_reason,
+                list(chunk.token_ids),
+            )
+        ],
+        usage=_usage_s(chunk.usage),
+    )
+
+
+def chunk_from_struct(s: ChunkS) -> TokenChunk:
+    if s.object != oa.CHUNK_OBJECT:
+        raise DecodeError(f"not a {oa.CHUNK_OBJECT}: object={s.object!r}")
+    if len(s.choices) != 1:
+        raise DecodeError(f"expected one choice, got {len(s.choices)}")
+    choice = s.choices[0]
+    logprobs = choice.logprobs
+    return TokenChunk(
+        id=s.id,
+        model=s.model,
+        created=s.created,
+        index=choice.index,
+        seq=s.seq,
+        token_ids=tuple(choice.token_ids),
+        text=choice.delta.content,
+        logprobs=None if logprobs is None else tuple([
+            TokenLogprob(token=lp.token, logprob=lp.logprob,
+                         top=tuple([TopLogprob(token=t.token, logprob=t.logprob)
+                                    for t in lp.top_logprobs]))
+            for lp in logprobs.content
+        ]),
+        finish_reason=choice.finish_reason,
+        usage=_usage(s.usage),
+    )
+
+
+def _tensor_struct(t: Tensor, binary: bool) -> Any:
+    obj = oa.tensor_to_obj(t, binary=binary)
+    return (TensorBinS if binary else TensorJsonS)(**obj)
+
+
+def _tensor(s: TensorJsonS | TensorBinS, binary: bool) -> Tensor:
+    return oa.tensor_from_obj(
+        {"name": s.name, "shape": s.shape, "datatype": s.datatype, "data": s.data}, binary=binary
+    )
+
+
+class _MsgspecCodec(Codec):
+    binary: ClassVar[bool]
+
+    def __init__(self) -> None:
+        binary = self.binary
+        self._to_struct: dict[type[Any], Any] = {
+            TokenChunk: chunk_to_struct,
+            EmbeddingBatch: self._embeddings_struct,
+            InferRequest: lambda r: (RequestBinS if binary else RequestJsonS)(
+                r.model, r.id, [_tensor_struct(t, binary) for t in r.inputs]),
+            InferResponse: lambda r: (ResponseBinS if binary else ResponseJsonS)(
+                r.model, r.id, [_tensor_struct(t, binary) for t in r.outputs]),
+        }
+        self._from_struct: dict[type[Any], tuple[type[Any], Any]] = {
+            TokenChunk: (ChunkS, chunk_from_struct),
+            EmbeddingBatch: (EmbeddingsBinS if binary else EmbeddingsJsonS,
+                             self._embeddings),
+            InferRequest: (RequestBinS if binary else RequestJsonS, lambda s: InferRequest(
+                model=s.model_name, id=s.id,
+                inputs=tuple([_tensor(t, binary) for t in s.inputs]))),
+            InferResponse: (ResponseBinS if binary else ResponseJsonS, lambda s: InferResponse(
+                model=s.model_name, id=s.id,
+                outputs=tuple([_tensor(t, binary) for t in s.outputs]))),
+        }
+        self._decoders = {
+            type_: self._make_decoder(struct) for type_, (struct, _) in self._from_struct.items()
+        }
+
+    def _make_decoder(self, struct: type[Any]) -> Any:
+        raise NotImplementedError
+
+    def _dumps(self, obj: Any) -> bytes:
+        raise NotImplementedError
+
+    def _embeddings_struct(self, batch: EmbeddingBatch) -> Any:
+        obj = oa.embeddings_to_obj(batch, binary=self.binary)
+        item = EmbeddingBinS if self.binary else EmbeddingJsonS
+        return (EmbeddingsBinS if self.binary else EmbeddingsJsonS)(
+            obj["object"], [item(**d) for d in obj["data"]], obj["model"],
+            _usage_s(batch.usage))
+
+    def _embeddings(self, s: Any) -> EmbeddingBatch:
+        obj = {
+            "object": s.object,
+            "data": [{"embedding": d.embedding} for d in s.data],
+            "model": s.model,
+            "usage": None,
+        }
+        return EmbeddingBatch(
+            model=s.model, vectors=oa.embeddings_from_obj(obj, binary=self.binary).vectors,
+            usage=_usage(s.usage))
+
+    def encode(self, message: Any, /) -> bytes:
+        to_struct = self._to_struct.get(type(message))
+        if to_struct is None:
+            raise EncodeError(f"codec {self.name!r} cannot encode {type(message).__name__}")
+        try:
+            return self._dumps(to_struct(message))
+        except CodecError:
+            raise
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            raise EncodeError(f"{self.name}: {exc}") from exc
+
+    def decode(self, data: BytesLike, type_: type[M], /) -> M:
+        entry = self._from_struct.get(type_)
+        if entry is None:
+            raise DecodeError(f"codec {self.name!r} cannot decode into {type_!r}")
+        try:
+            return cast("M", entry[1](self._decoders[type_].decode(data)))
+        except CodecError:
+            raise
+        except (msgspec.DecodeError, TypeError, ValueError, OverflowError,
+                RecursionError) as exc:
+            raise DecodeError(f"{self.name}: {exc}") from exc
+
+    def stream_encoder(self) -> StreamEncoder:
+        encode = cast("Any", self.encode)
+        return LengthPrefixedEncoder(encode) if self.binary else SseEncoder(encode)
+
+    def stream_decoder(
+        self, type_: type[M] = cast("type[M]", TokenChunk), /, *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> StreamDecoder[M]:
+        def decode(data: BytesLike) -> M:
+            return self.decode(data, type_)
+
+        if self.binary:
+            return LengthPrefixedDecoder(decode, max_frame_bytes)
+        return SseDecoder(decode, max_frame_bytes)
+
+
+class MsgspecJsonCodec(_MsgspecCodec):
+    name: ClassVar[str] = "msgspec-json"
+    media_type: ClassVar[str] = "application/json"
+    stream_media_type: ClassVar[str] = "text/event-stream"
+    binary: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._encoder = msgspec.json.Encoder()
+        super().__init__()
+
+    def _make_decoder(self, struct: type[Any]) -> Any:
+        return msgspec.json.Decoder(struct)
+
+    def _dumps(self, obj: Any) -> bytes:
+        return self._encoder.encode(obj)
+
+
+class MsgspecMsgpackCodec(_MsgspecCodec):
+    name: ClassVar[str] = "msgspec-msgpack"
+    media_type: ClassVar[str] = "application/vnd.msgpack"
+    stream_media_type: ClassVar[str] = "application/vnd.inferwire.frames+msgpack"
+    binary: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        super().__init__()
+
+    def _make_decoder(self, struct: type[Any]) -> Any:
+        return msgspec.msgpack.Decoder(struct)
+
+    def _dumps(self, obj: Any) -> bytes:
+        return self._encoder.encode(obj)
+
+
+_ = np  # numpy arrays pass through oa helpers

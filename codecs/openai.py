@@ -1,0 +1,357 @@
+"""The model as the plain objects OpenAI- and KServe-compatible servers put on the wire.
+
+Shared by the dict-based codecs (``json``, ``orjson``, ``msgpack``), so that each of them
+encodes exactly what a client of such a server receives:
+
+- a :class:`TokenChunk` is an OpenAI ``chat.completion.chunk`` (``choices[0].delta.content``,
+  ``choices[0].logprobs.content[i].top_logprobs``, ``usage`` on the last chunk). Two fields
+  OpenAI does not define ride along, as vLLM's ``return_token_ids`` does: ``choices[0].
+  token_ids`` and the top-level ``seq``; OpenAI clients ignore unknown fields.
+- an :class:`EmbeddingBatch` is an OpenAI embeddings response (``data[i].embedding``); with
+  ``binary=True`` each row is its raw float32 bytes (as ``encoding_format="base64"`` carries
+  them, without the base64).
+- :class:`InferRequest`/:class:`InferResponse` follow the KServe v2 JSON inference protocol;
+  with ``binary=True`` a tensor's ``data`` is its raw little-endian bytes.
+
+Decoding checks every field's type: a wrong type is a :class:`DecodeError` (raised by the
+caller's boundary from the ``KeyError``/``TypeError``/``ValueError`` raised here), never a
+value of the wrong type in the model.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any, Final
+
+import numpy as np
+
+from .errors import DecodeError, EncodeError
+from .model import (
+    DATATYPES,
+    EmbeddingBatch,
+    InferRequest,
+    InferResponse,
+    Tensor,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+CHUNK_OBJECT: Final = "chat.completion.chunk"
+Obj = dict[str, Any]
+
+
+def _finite(value: float) -> float:
+    # JSON has no NaN or Infinity; a codec that wrote null or NaN would change the value.
+    if not math.isfinite(value):
+        raise EncodeError(f"non-finite float {value!r} cannot be carried")
+    return value
+
+
+def _logprob_obj(lp: TokenLogprob) -> Obj:
+    return {
+        "token": lp.token,
+        "logprob": _finite(lp.logprob),
+        "bytes": list(lp.token.encode()),
+        "top_logprobs": [
+            {"token": t.token, "logprob": _finite(t.logprob), "bytes": list(t.token.encode())}
+            for t in lp.top
+        ],
+    }
+
+
+def _usage_obj(usage: Usage | None) -> Obj | None:
+    if usage is None:
+        return None
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
+
+
+def chunk_to_obj(chunk: TokenChunk) -> Obj:
+    delta: Obj = {"role": "assistant", "content": chunk.text} if chunk.seq == 0 else {
+        "content": chunk.text
+    }
+    logprobs = chunk.logprobs
+    choice: Obj = {
+        "index": chunk.index,
+        "delta": delta,
+        "logprobs": None
+        if logprobs is None
+        else {"content": [_logprob_obj(lp) for lp in logprobs]},
+        "finish_reason": chunk.finish_reason,
+        "token_ids": list(chunk.token_ids),
+    }
+    obj: Obj = {
+        "id": chunk.id,
+        "object": CHUNK_OBJECT,
+        "created": chunk.created,
+        "model": chunk.model,
+        "seq": chunk.seq,
+        "choices": [choice],
+    }
+    if chunk.usage is not None:
+        obj["usage"] = _usage_obj(chunk.usage)
+    return obj
+
+
+def _str(value: Any) -> str:
+    if type(value) is not str:
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _float(value: Any) -> float:
+    # JSON writes an integral float without a fraction in some encoders: accept ints.
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        return float(value)
+    raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+def _usage(obj: Any) -> Usage | None:
+    if obj is None:
+        return None
+    return Usage(
+        prompt_tokens=_int(obj["prompt_tokens"]), completion_tokens=_int(obj["completion_tokens"])
+    )
+
+
+def _token_logprob(obj: Obj) -> TokenLogprob:
+    return TokenLogprob(
+        token=_str(obj["token"]),
+        logprob=_float(obj["logprob"]),
+        top=tuple(
+            TopLogprob(token=_str(t["token"]), logprob=_float(t["logprob"]))
+            for t in obj["top_logprobs"]
+        ),
+    )
+
+
+def chunk_from_obj(obj: Obj) -> TokenChunk:
+    if obj["object"] != CHUNK_OBJECT:
+        raise DecodeError(f"not a {CHUNK_OBJECT}: object={obj['object']!r}")
+    (choice,) = obj["choices"]
+    logprobs = choice["logprobs"]
+    token_ids = choice["token_ids"]
+    for token_id in token_ids:
+        if type(token_id) is not int:
+            raise TypeError("token_ids must be integers")
+    finish_reason = choice["finish_reason"]
+    return TokenChunk(
+        id=_str(obj["id"]),
+        model=_str(obj["model"]),
+        created=_int(obj["created"]),
+        index=_int(choice["index"]),
+        seq=_int(obj["seq"]),
+        token_ids=tuple(token_ids),
+        text=_str(choice["delta"]["content"]),
+        logprobs=None
+        if logprobs is None
+        else tuple([_token_logprob(lp) for lp in logprobs["content"]]),
+        finish_reason=None if finish_reason is None else _str(finish_reason),
+        usage=_usage(obj.get("usage")),
+    )
+
+
+def embeddings_to_obj(batch: EmbeddingBatch, *, binary: bool) -> Obj:
+    vectors = batch.vectors
+    if vectors.ndim != 2 or vectors.dtype != np.float32 or vectors.shape[0] == 0:
+        raise EncodeError("vectors must be a non-empty float32 matrix (batch x dim)")
+    if binary:
+        rows: list[Any] = [np.ascontiguousarray(row).tobytes() for row in vectors]
+    else:
+        if not np.isfinite(vectors).all():
+            raise EncodeError("non-finite float in vectors cannot be carried as JSON")
+        rows = vectors.tolist()
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in
+                 enumerate(rows)],
+        "model": batch.model,
+        "usage": _usage_obj(batch.usage),
+    }
+
+
+def embeddings_from_obj(obj: Obj, *, binary: bool) -> EmbeddingBatch:
+    if obj["object"] != "list":
+        raise DecodeError(f"not an embeddings list: object={obj['object']!r}")
+    data = obj["data"]
+    if not data:
+        raise DecodeError("an embedding batch holds at least one vector")
+    rows = [item["embedding"] for item in data]
+    if binary:
+        dim, rest = divmod(len(rows[0]), 4)
+        if rest or any(len(row) != len(rows[0]) for row in rows):
+            raise DecodeError("embedding rows of unequal or non-float32 byte lengths")
+        vectors = np.frombuffer(b"".join(rows), dtype="<f4").reshape(len(rows), dim)
+    else:
+        vectors = numbers_to_array(rows, np.dtype("<f4"))
+        if vectors.ndim != 2:
+            raise DecodeError("embedding rows of unequal lengths")
+    return EmbeddingBatch(model=_str(obj["model"]), vectors=vectors, usage=_usage(obj["usage"]))
+
+
+def numbers_to_array(values: Any, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """A JSON array of numbers as ``dtype``, refusing any value the cast would change."""
+    try:
+        inferred = np.array(values)
+    except ValueError as exc:  # ragged
+        raise DecodeError("array rows of unequal lengths") from exc
+    kind = inferred.dtype.kind
+    if inferred.size == 0:
+        return inferred.astype(dtype)
+    if dtype.kind == "b":
+        if kind != "b":
+            raise DecodeError(f"expected booleans, got {inferred.dtype}")
+        return inferred
+    if kind not in "iu" and not (dtype.kind == "f" and kind == "f"):
+        raise DecodeError(f"expected numbers for {dtype}, got {inferred.dtype}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = inferred.astype(dtype)
+    if dtype.kind == "f":
+        if not np.isfinite(cast).all():
+            raise DecodeError(f"value out of range for {dtype}")
+    elif not np.array_equal(cast, inferred):
+        raise DecodeError(f"integer out of range for {dtype}")
+    return cast
+
+
+_LENGTH: Final = struct.Struct("<I")
+
+
+def bytes_elements_to_raw(data: np.ndarray[Any, Any]) -> bytes:
+    """KServe's raw form of a BYTES tensor: each element as a 4-byte LE length, then its bytes."""
+    parts = []
+    for element in data.flat:
+        if not isinstance(element, bytes):
+            raise EncodeError("BYTES tensor elements must be bytes")
+        parts.append(_LENGTH.pack(len(element)))
+        parts.append(element)
+    return b"".join(parts)
+
+
+def bytes_elements_from_raw(raw: Any, count: int) -> np.ndarray[Any, Any]:
+    """The inverse of :func:`bytes_elements_to_raw`; every length is checked against the end."""
+    view = memoryview(raw)
+    out = np.empty(count, dtype=object)
+    pos = 0
+    for i in range(count):
+        if pos + 4 > len(view):
+            raise DecodeError("BYTES tensor truncated in an element length")
+        (length,) = _LENGTH.unpack_from(view, pos)
+        pos += 4
+        if pos + length > len(view):
+            raise DecodeError("BYTES tensor element overruns the data")
+        out[i] = bytes(view[pos : pos + length])
+        pos += length
+    if pos != len(view):
+        raise DecodeError("BYTES tensor has bytes after its last element")
+    return out
+
+
+def tensor_to_obj(tensor: Tensor, *, binary: bool) -> Obj:
+    data = tensor.data
+    dtype = DATATYPES.get(tensor.datatype)
+    if dtype is None:
+        raise EncodeError(f"unknown datatype {tensor.datatype!r}")
+    if data.dtype != dtype or data.shape != tensor.shape:
+        raise EncodeError(
+            f"tensor {tensor.name!r}: data {data.dtype}{data.shape} does not match "
+            f"{tensor.datatype}{tensor.shape}"
+        )
+    payload: Any
+    if tensor.datatype == "BYTES":
+        if binary:
+            payload = bytes_elements_to_raw(data)
+        else:
+            try:
+                payload = [element.decode() for element in data.flat]
+            except (AttributeError, UnicodeDecodeError) as exc:
+                raise EncodeError("JSON carries BYTES elements as UTF-8 text only") from exc
+    elif binary:
+        payload = np.ascontiguousarray(data).tobytes()
+    else:
+        if data.dtype.kind == "f" and not np.isfinite(data).all():
+            raise EncodeError("non-finite float in tensor cannot be carried as JSON")
+        payload = data.ravel().tolist()
+    return {
+        "name": tensor.name,
+        "shape": list(tensor.shape),
+        "datatype": tensor.datatype,
+        "data": payload,
+    }
+
+
+def tensor_from_obj(obj: Obj, *, binary: bool) -> Tensor:
+    datatype = _str(obj["datatype"])
+    dtype = DATATYPES.get(datatype)
+    if dtype is None:
+        raise DecodeError(f"unknown datatype {datatype!r}")
+    shape = tuple(_int(d) for d in obj["shape"])
+    if any(d < 0 for d in shape):
+        raise DecodeError(f"negative dimension in shape {shape}")
+    count = math.prod(shape)
+    data = obj["data"]
+    if datatype == "BYTES":
+        if binary:
+            array = bytes_elements_from_raw(data, count)
+        else:
+            array = np.empty(len(data), dtype=object)
+            for i, element in enumerate(data):
+                array[i] = _str(element).encode()
+    elif binary:
+        if type(data) is not bytes or len(data) != count * dtype.itemsize:
+            raise DecodeError(f"tensor data is not {count} elements of {datatype}")
+        array = np.frombuffer(data, dtype=dtype)
+    else:
+        array = numbers_to_array(data, dtype)
+        if array.ndim != 1:
+            raise DecodeError("KServe JSON tensor data must be a flat array")
+    if array.size != count:
+        raise DecodeError(f"tensor data has {array.size} elements, shape {shape} needs {count}")
+    return Tensor(name=_str(obj["name"]), datatype=datatype, shape=shape,
+                  data=array.reshape(shape))
+
+
+def request_to_obj(request: InferRequest, *, binary: bool) -> Obj:
+    return {
+        "model_name": request.model,
+        "id": request.id,
+        "inputs": [tensor_to_obj(t, binary=binary) for t in request.inputs],
+    }
+
+
+def request_from_obj(obj: Obj, *, binary: bool) -> InferRequest:
+    return InferRequest(
+        model=_str(obj["model_name"]),
+        id=_str(obj["id"]),
+        inputs=tuple([tensor_from_obj(t, binary=binary) for t in obj["inputs"]]),
+    )
+
+
+def response_to_obj(response: InferResponse, *, binary: bool) -> Obj:
+    return {
+        "model_name": response.model,
+        "id": response.id,
+        "outputs": [tensor_to_obj(t, binary=binary) for t in response.outputs],
+    }
+
+
+def response_from_obj(obj: Obj, *, binary: bool) -> InferResponse:
+    return InferResponse(
+        model=_str(obj["model_name"]),
+        id=_str(obj["id"]),
+        outputs=tuple([tensor_from_obj(t, binary=binary) for t in obj["outputs"]]),
+    )

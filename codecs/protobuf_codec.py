@@ -1,0 +1,239 @@
+"""``protobuf``: Protocol Buffers (schemas/inferwire.proto) on the upb backend.
+
+Encode builds the message from the model values (what serving code pays per message; the
+benchmarks time a prebuilt message's ``SerializeToString`` beside it). Tensor and embedding
+data travel as raw little-endian ``bytes`` fields, as KServe's ``raw_input_contents`` does.
+Unknown fields are ignored on decode, as proto3 requires.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, TypeVar, cast
+
+import numpy as np
+from google.protobuf import message as pb_message
+from google.protobuf.internal import api_implementation
+
+from inferwire.schemas import inferwire_pb2 as pb
+
+from . import openai as oa
+from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike, Codec, StreamDecoder, StreamEncoder
+from .errors import CodecError, DecodeError, EncodeError
+from .framing import LengthPrefixedDecoder, LengthPrefixedEncoder
+from .model import (
+    DATATYPES,
+    EmbeddingBatch,
+    InferRequest,
+    InferResponse,
+    Tensor,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+
+M = TypeVar("M")
+
+BACKEND = api_implementation.Type()
+# The pure-Python backend is 10-50x slower: numbers measured on it would mislead every table.
+if BACKEND != "upb":
+    raise ImportError(
+        f"protobuf is running its {BACKEND!r} backend; inferwire measures upb "
+        "(unset PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION, install protobuf>=4.21)"
+    )
+
+
+def _usage_pb(usage: Usage) -> pb.Usage:
+    return pb.Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
+
+
+def _usage(msg: Any, has: bool) -> Usage | None:
+    if not has:
+        return None
+    return Usage(prompt_tokens=msg.prompt_tokens, completion_tokens=msg.completion_tokens)
+
+
+def chunk_to_pb(chunk: TokenChunk) -> pb.TokenChunk:
+    msg = pb.TokenChunk(
+        id=chunk.id,
+        model=chunk.model,
+        created=chunk.created,
+        index=chunk.index,
+        seq=chunk.seq,
+        token_ids=chunk.token_ids,
+        text=chunk.text,
+        finish_reason=chunk.finish_reason,
+    )
+    if chunk.logprobs is not None:
+        content = msg.logprobs.content
+        msg.logprobs.SetInParent()  # present even when empty
+        for lp in chunk.logprobs:
+            content.add(
+                token=lp.token,
+                logprob=lp.logprob,
+                top=[pb.TopLogprob(token=t.token, logprob=t.logprob) for t in lp.top],
+            )
+    if chunk.usage is not None:
+        msg.usage.CopyFrom(_usage_pb(chunk.usage))
+    return msg
+
+
+def chunk_from_pb(msg: pb.TokenChunk) -> TokenChunk:
+    return TokenChunk(
+        id=msg.id,
+        model=msg.model,
+        created=msg.created,
+        index=msg.index,
+        seq=msg.seq,
+        token_ids=tuple(msg.token_ids),
+        text=msg.text,
+        logprobs=tuple([
+            TokenLogprob(
+                token=lp.token,
+                logprob=lp.logprob,
+                top=tuple([TopLogprob(token=t.token, logprob=t.logprob) for t in lp.top]),
+            )
+            for lp in msg.logprobs.content
+        ]) if msg.HasField("logprobs") else None,
+        finish_reason=msg.finish_reason if msg.HasField("finish_reason") else None,
+        usage=_usage(msg.usage, msg.HasField("usage")),
+    )
+
+
+def tensor_to_pb(tensor: Tensor) -> pb.Tensor:
+    dtype = DATATYPES.get(tensor.datatype)
+    data = tensor.data
+    if dtype is None:
+        raise EncodeError(f"unknown datatype {tensor.datatype!r}")
+    if data.dtype != dtype or data.shape != tensor.shape:
+        raise EncodeError(
+            f"tensor {tensor.name!r}: data {data.dtype}{data.shape} does not match "
+            f"{tensor.datatype}{tensor.shape}"
+        )
+    raw = (oa.bytes_elements_to_raw(data) if tensor.datatype == "BYTES"
+           else np.ascontiguousarray(data).tobytes())
+    return pb.Tensor(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape,
+                     raw_contents=raw)
+
+
+def tensor_from_pb(msg: pb.Tensor) -> Tensor:
+    dtype = DATATYPES.get(msg.datatype)
+    if dtype is None:
+        raise DecodeError(f"unknown datatype {msg.datatype!r}")
+    shape = tuple(msg.shape)
+    if any(d < 0 for d in shape):
+        raise DecodeError(f"negative dimension in shape {shape}")
+    count = math.prod(shape)
+    raw = msg.raw_contents
+    if msg.datatype == "BYTES":
+        data = oa.bytes_elements_from_raw(raw, count)
+    else:
+        if len(raw) != count * dtype.itemsize:
+            raise DecodeError(
+                f"tensor {msg.name!r}: {len(raw)} bytes, shape {shape} of {msg.datatype} "
+                f"needs {count * dtype.itemsize}"
+            )
+        data = np.frombuffer(raw, dtype=dtype)
+    return Tensor(name=msg.name, datatype=msg.datatype, shape=shape, data=data.reshape(shape))
+
+
+def embeddings_to_pb(batch: EmbeddingBatch) -> pb.EmbeddingBatch:
+    vectors = batch.vectors
+    if vectors.ndim != 2 or vectors.dtype != np.float32:
+        raise EncodeError("vectors must be a float32 matrix (batch x dim)")
+    msg = pb.EmbeddingBatch(
+        model=batch.model,
+        batch=vectors.shape[0],
+        dim=vectors.shape[1],
+        vectors=np.ascontiguousarray(vectors, dtype="<f4").tobytes(),
+    )
+    if batch.usage is not None:
+        msg.usage.CopyFrom(_usage_pb(batch.usage))
+    return msg
+
+
+def embeddings_from_pb(msg: pb.EmbeddingBatch) -> EmbeddingBatch:
+    if len(msg.vectors) != msg.batch * msg.dim * 4:
+        raise DecodeError(
+            f"embedding batch: {len(msg.vectors)} bytes for {msg.batch}x{msg.dim} float32"
+        )
+    vectors = np.frombuffer(msg.vectors, dtype="<f4").reshape(msg.batch, msg.dim)
+    return EmbeddingBatch(model=msg.model, vectors=vectors,
+                          usage=_usage(msg.usage, msg.HasField("usage")))
+
+
+def request_to_pb(request: InferRequest) -> pb.InferRequest:
+    return pb.InferRequest(model=request.model, id=request.id,
+                           inputs=[tensor_to_pb(t) for t in request.inputs])
+
+
+def request_from_pb(msg: pb.InferRequest) -> InferRequest:
+    return InferRequest(model=msg.model, id=msg.id,
+                        inputs=tuple([tensor_from_pb(t) for t in msg.inputs]))
+
+
+def response_to_pb(response: InferResponse) -> pb.InferResponse:
+    return pb.InferResponse(model=response.model, id=response.id,
+                            outputs=[tensor_to_pb(t) for t in response.outputs])
+
+
+def response_from_pb(msg: pb.InferResponse) -> InferResponse:
+    return InferResponse(model=msg.model, id=msg.id,
+                         outputs=tuple([tensor_from_pb(t) for t in msg.outputs]))
+
+
+TO_PB: dict[type[Any], Any] = {
+    TokenChunk: chunk_to_pb,
+    EmbeddingBatch: embeddings_to_pb,
+    InferRequest: request_to_pb,
+    InferResponse: response_to_pb,
+}
+FROM_PB: dict[type[Any], tuple[Any, Any]] = {
+    TokenChunk: (pb.TokenChunk, chunk_from_pb),
+    EmbeddingBatch: (pb.EmbeddingBatch, embeddings_from_pb),
+    InferRequest: (pb.InferRequest, request_from_pb),
+    InferResponse: (pb.InferResponse, response_from_pb),
+}
+
+
+class ProtobufCodec(Codec):
+    name: ClassVar[str] = "protobuf"
+    media_type: ClassVar[str] = "application/x-protobuf"
+    stream_media_type: ClassVar[str] = "application/vnd.inferwire.frames+protobuf"
+
+    def encode(self, message: Any, /) -> bytes:
+        to_pb = TO_PB.get(type(message))
+        if to_pb is None:
+            raise EncodeError(f"codec {self.name!r} cannot encode {type(message).__name__}")
+        try:
+            return cast("bytes", to_pb(message).SerializeToString())
+        except CodecError:
+            raise
+        except (TypeError, ValueError, OverflowError, pb_message.EncodeError) as exc:
+            raise EncodeError(f"protobuf: {exc}") from exc
+
+    def decode(self, data: BytesLike, type_: type[M], /) -> M:
+        entry = FROM_PB.get(type_)
+        if entry is None:
+            raise DecodeError(f"codec {self.name!r} cannot decode into {type_!r}")
+        message_class, from_pb = entry
+        try:
+            msg = message_class.FromString(data)
+            return cast("M", from_pb(msg))
+        except CodecError:
+            raise
+        except (pb_message.DecodeError, TypeError, ValueError, OverflowError) as exc:
+            raise DecodeError(f"protobuf: {exc}") from exc
+
+    def stream_encoder(self) -> StreamEncoder:
+        return LengthPrefixedEncoder(cast("Any", self.encode))
+
+    def stream_decoder(
+        self, type_: type[M] = cast("type[M]", TokenChunk), /, *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> StreamDecoder[M]:
+        def decode(data: BytesLike) -> M:
+            return self.decode(data, type_)
+
+        return LengthPrefixedDecoder(decode, max_frame_bytes)

@@ -1,0 +1,225 @@
+"""``tensor``: raw tensor bytes behind a small header, after KServe v2's binary data extension.
+
+https://kserve.github.io/website/latest/modelserving/data_plane/binary_tensor_data_extension/
+puts a JSON inference header first and the raw tensor bytes after it, each tensor's size in its
+``parameters.binary_data_size``. This codec keeps that layout and, since it has no HTTP header
+to carry the JSON's length, prefixes it:
+
+    offset 0  4 bytes  magic b"IWT\\x01"
+    offset 4  4 bytes  header length H, little-endian
+    offset 8  H bytes  JSON header, space-padded so the first tensor starts 64-byte aligned
+    then      the tensors' raw little-endian bytes, back to back, in header order
+
+BYTES tensors use KServe's raw form (each element a 4-byte little-endian length, then its
+bytes). Decode wraps the input with ``numpy.frombuffer``: no tensor byte is copied, and the
+arrays are read-only views of the caller's buffer. Encode can hand back the parts (header, then
+each tensor's memory) so a transport can write them with ``writelines`` and never concatenate.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any, ClassVar, Final, TypeVar, cast
+
+import numpy as np
+import orjson
+
+from . import openai as oa
+from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike, Codec, StreamDecoder, StreamEncoder
+from .errors import CodecError, DecodeError, EncodeError
+from .framing import LengthPrefixedDecoder, LengthPrefixedEncoder
+from .model import DATATYPES, EmbeddingBatch, InferRequest, InferResponse, Tensor, Usage
+
+M = TypeVar("M")
+
+MAGIC: Final = b"IWT\x01"
+_PREFIX: Final = struct.Struct("<4sI")
+ALIGNMENT: Final = 64
+EMBEDDINGS_TENSOR: Final = "embeddings"
+
+
+def _tensor_parts(tensor: Tensor) -> tuple[dict[str, Any], BytesLike]:
+    dtype = DATATYPES.get(tensor.datatype)
+    data = tensor.data
+    if dtype is None:
+        raise EncodeError(f"unknown datatype {tensor.datatype!r}")
+    if data.dtype != dtype or data.shape != tensor.shape:
+        raise EncodeError(
+            f"tensor {tensor.name!r}: data {data.dtype}{data.shape} does not match "
+            f"{tensor.datatype}{tensor.shape}"
+        )
+    raw: BytesLike
+    if tensor.datatype == "BYTES":
+        raw = oa.bytes_elements_to_raw(data)
+    else:
+        # A view of the array's own memory: nothing is copied unless it is not contiguous.
+        raw = memoryview(np.ascontiguousarray(data)).cast("B")
+    header = {
+        "name": tensor.name,
+        "datatype": tensor.datatype,
+        "shape": list(tensor.shape),
+        "parameters": {"binary_data_size": len(raw)},
+    }
+    return header, raw
+
+
+def _usage_obj(usage: Usage | None) -> dict[str, int] | None:
+    if usage is None:
+        return None
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
+
+
+def _header_and_tensors(message: Any) -> tuple[dict[str, Any], str, tuple[Tensor, ...]]:
+    if isinstance(message, InferRequest):
+        return {"model_name": message.model, "id": message.id}, "inputs", message.inputs
+    if isinstance(message, InferResponse):
+        return {"model_name": message.model, "id": message.id}, "outputs", message.outputs
+    if isinstance(message, EmbeddingBatch):
+        vectors = message.vectors
+        if vectors.ndim != 2 or vectors.dtype != np.float32:
+            raise EncodeError("vectors must be a float32 matrix (batch x dim)")
+        tensor = Tensor(name=EMBEDDINGS_TENSOR, datatype="FP32", shape=vectors.shape,
+                        data=vectors)
+        header = {"model_name": message.model, "parameters": {"usage": _usage_obj(
+            message.usage)}}
+        return header, "outputs", (tensor,)
+    raise EncodeError(f"codec 'tensor' cannot encode {type(message).__name__}")
+
+
+def encode_parts(message: Any) -> list[BytesLike]:
+    """The encoding as buffers to write in order: prefix and header, then each tensor's memory.
+
+    The tensor buffers are views of the message's arrays, valid while the message is.
+    """
+    header, key, tensors = _header_and_tensors(message)
+    entries = []
+    buffers: list[BytesLike] = []
+    for tensor in tensors:
+        entry, raw = _tensor_parts(tensor)
+        entries.append(entry)
+        buffers.append(raw)
+    header[key] = entries
+    text = orjson.dumps(header)
+    padded = -(-(_PREFIX.size + len(text)) // ALIGNMENT) * ALIGNMENT - _PREFIX.size
+    text += b" " * (padded - len(text))  # JSON allows trailing whitespace
+    return [_PREFIX.pack(MAGIC, len(text)) + text, *buffers]
+
+
+def _str(value: Any) -> str:
+    if type(value) is not str:
+        raise DecodeError(f"expected a string in the tensor header, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int:
+        raise DecodeError(f"expected an integer in the tensor header, got {value!r}")
+    return value
+
+
+def _read_tensors(entries: Any, data: memoryview, pos: int) -> tuple[list[Tensor], int]:
+    if type(entries) is not list:
+        raise DecodeError("tensor header: inputs/outputs must be a list")
+    tensors = []
+    for entry in entries:
+        datatype = _str(entry["datatype"])
+        dtype = DATATYPES.get(datatype)
+        if dtype is None:
+            raise DecodeError(f"unknown datatype {datatype!r}")
+        shape = tuple(_int(d) for d in entry["shape"])
+        if any(d < 0 for d in shape):
+            raise DecodeError(f"negative dimension in shape {shape}")
+        size = _int(entry["parameters"]["binary_data_size"])
+        if size < 0 or pos + size > len(data):
+            raise DecodeError(f"tensor of {size} bytes overruns the {len(data)}-byte buffer")
+        count = math.prod(shape)
+        if datatype == "BYTES":
+            array = oa.bytes_elements_from_raw(data[pos : pos + size], count)
+        else:
+            if size != count * dtype.itemsize:
+                raise DecodeError(
+                    f"tensor of shape {shape} and {datatype} needs {count * dtype.itemsize} "
+                    f"bytes, header says {size}"
+                )
+            array = np.frombuffer(data, dtype=dtype, count=count, offset=pos)
+        tensors.append(Tensor(name=_str(entry["name"]), datatype=datatype, shape=shape,
+                              data=array.reshape(shape)))
+        pos += size
+    return tensors, pos
+
+
+def decode_message(data: BytesLike, type_: type[Any]) -> Any:
+    view = memoryview(data).cast("B")
+    if len(view) < _PREFIX.size:
+        raise DecodeError(f"{len(view)} bytes is shorter than the tensor prefix")
+    magic, header_length = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise DecodeError(f"not a tensor message: magic {bytes(magic)!r}")
+    pos = _PREFIX.size + header_length
+    if pos > len(view):
+        raise DecodeError(f"header of {header_length} bytes overruns the {len(view)}-byte buffer")
+    header = orjson.loads(view[_PREFIX.size : pos])
+    if type(header) is not dict:
+        raise DecodeError("tensor header must be a JSON object")
+    if type_ is EmbeddingBatch:
+        tensors, pos = _read_tensors(header["outputs"], view, pos)
+        if len(tensors) != 1 or tensors[0].datatype != "FP32" or len(tensors[0].shape) != 2:
+            raise DecodeError("an embedding batch is one FP32 matrix")
+        usage = header["parameters"]["usage"]
+        result: Any = EmbeddingBatch(
+            model=_str(header["model_name"]), vectors=tensors[0].data,
+            usage=None if usage is None else Usage(
+                prompt_tokens=_int(usage["prompt_tokens"]),
+                completion_tokens=_int(usage["completion_tokens"])))
+    elif type_ is InferRequest or type_ is InferResponse:
+        key = "inputs" if type_ is InferRequest else "outputs"
+        tensors, pos = _read_tensors(header[key], view, pos)
+        result = type_(model=_str(header["model_name"]), id=_str(header["id"]),
+                       **{key: tuple(tensors)})
+    else:
+        raise DecodeError(f"codec 'tensor' cannot decode into {type_!r}")
+    if pos != len(view):
+        raise DecodeError(f"{len(view) - pos} bytes after the last tensor")
+    return result
+
+
+class TensorCodec(Codec):
+    name: ClassVar[str] = "tensor"
+    media_type: ClassVar[str] = "application/vnd.inferwire.tensor"
+    stream_media_type: ClassVar[str] = "application/vnd.inferwire.frames+tensor"
+    types: ClassVar[frozenset[type[Any]]] = frozenset(
+        {EmbeddingBatch, InferRequest, InferResponse}
+    )
+
+    def encode_parts(self, message: Any, /) -> list[BytesLike]:
+        """See :func:`encode_parts`."""
+        try:
+            return encode_parts(message)
+        except CodecError:
+            raise
+        except (TypeError, ValueError, KeyError) as exc:
+            raise EncodeError(f"tensor: {exc}") from exc
+
+    def encode(self, message: Any, /) -> bytes:
+        return b"".join(self.encode_parts(message))
+
+    def decode(self, data: BytesLike, type_: type[M], /) -> M:
+        try:
+            return cast("M", decode_message(data, type_))
+        except CodecError:
+            raise
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DecodeError(f"tensor: {type(exc).__name__}: {exc}") from exc
+
+    def stream_encoder(self) -> StreamEncoder:
+        return LengthPrefixedEncoder(cast("Any", self.encode))
+
+    def stream_decoder(
+        self, type_: type[M] = cast("type[M]", InferResponse), /, *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> StreamDecoder[M]:
+        def decode(data: BytesLike) -> M:
+            return self.decode(data, type_)
+
+        return LengthPrefixedDecoder(decode, max_frame_bytes)

