@@ -91,8 +91,7 @@ class _Tokens:
             TopLogprob(token=self.text(alt), logprob=_sig8(chosen - float(step)))
             for alt, step in zip(alternatives[: top_k - 1], steps, strict=False)
         ]
-        return TokenLogprob(token=self.text(token_id), logprob=chosen,
-                            top=tuple(top[:top_k]))
+        return TokenLogprob(token=self.text(token_id), logprob=chosen, top=tuple(top[:top_k]))
 
 
 def token_stream(
@@ -112,19 +111,24 @@ def token_stream(
         step_ids = ids[pos : pos + step]
         pos += step
         last = pos == tokens
-        chunks.append(TokenChunk(
-            id=response_id,
-            model=MODEL,
-            created=CREATED,
-            index=0,
-            seq=len(chunks),
-            token_ids=tuple(step_ids),
-            text="".join(vocab.text(i) for i in step_ids),
-            logprobs=None if top_logprobs is None else tuple(
-                vocab.logprob(i, top_logprobs) for i in step_ids),
-            finish_reason="length" if last else None,
-            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=tokens) if last else None,
-        ))
+        chunks.append(
+            TokenChunk(
+                id=response_id,
+                model=MODEL,
+                created=CREATED,
+                index=0,
+                seq=len(chunks),
+                token_ids=tuple(step_ids),
+                text="".join(vocab.text(i) for i in step_ids),
+                logprobs=None
+                if top_logprobs is None
+                else tuple(vocab.logprob(i, top_logprobs) for i in step_ids),
+                finish_reason="length" if last else None,
+                usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=tokens)
+                if last
+                else None,
+            )
+        )
     return chunks
 
 
@@ -134,8 +138,13 @@ def embeddings(seed: int, *, batch: int, dim: int) -> list[Message]:
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)  # as embedding models return
     vectors.flags.writeable = False
     prompt_tokens = int(rng.integers(8, 512)) * batch
-    return [EmbeddingBatch(model=EMBEDDING_MODEL, vectors=vectors,
-                           usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=0))]
+    return [
+        EmbeddingBatch(
+            model=EMBEDDING_MODEL,
+            vectors=vectors,
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=0),
+        )
+    ]
 
 
 def image(seed: int, *, datatype: Literal["FP32", "FP16"]) -> list[Message]:
@@ -145,43 +154,67 @@ def image(seed: int, *, datatype: Literal["FP32", "FP16"]) -> list[Message]:
     mean = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(1, 3, 1, 1)
     std = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(1, 3, 1, 1)
     data = ((pixels.astype(np.float32) / 255.0 - mean) / std).astype(
-        np.float32 if datatype == "FP32" else np.float16)
+        np.float32 if datatype == "FP32" else np.float16
+    )
     data.flags.writeable = False
     tensor = Tensor(name="input", datatype=datatype, shape=data.shape, data=data)
     return [InferRequest(model=IMAGE_MODEL, id="req-" + rng.bytes(4).hex(), inputs=(tensor,))]
 
 
-def _stream(tokens: int, top: int | None, per_chunk: tuple[int, int] = (1, 1)) -> Callable[
-        [int], list[Message]]:
-    return functools.partial(token_stream, tokens=tokens, top_logprobs=top,
-                             tokens_per_chunk=per_chunk)
+def _stream(
+    tokens: int, top: int | None, per_chunk: tuple[int, int] = (1, 1)
+) -> Callable[[int], list[Message]]:
+    return functools.partial(
+        token_stream, tokens=tokens, top_logprobs=top, tokens_per_chunk=per_chunk
+    )
 
 
 _WORKLOADS: Final[tuple[Workload, ...]] = (
     *(
-        Workload(name=f"stream-{n}", kind="stream", build=_stream(n, None),
-                 description=f"{n}-token stream, one token per chunk, no logprobs")
+        Workload(
+            name=f"stream-{n}",
+            kind="stream",
+            build=_stream(n, None),
+            description=f"{n}-token stream, one token per chunk, no logprobs",
+        )
         for n in (16, 256, 2048)
     ),
     *(
-        Workload(name=f"stream-{n}-top5", kind="stream", build=_stream(n, 5),
-                 description=f"{n}-token stream, one token per chunk, logprobs with top 5")
+        Workload(
+            name=f"stream-{n}-top5",
+            kind="stream",
+            build=_stream(n, 5),
+            description=f"{n}-token stream, one token per chunk, logprobs with top 5",
+        )
         for n in (16, 256, 2048)
     ),
-    Workload(name="stream-256-multi", kind="stream", build=_stream(256, None, (2, 8)),
-             description="256-token stream, 2-8 tokens per chunk (speculative decoding)"),
+    Workload(
+        name="stream-256-multi",
+        kind="stream",
+        build=_stream(256, None, (2, 8)),
+        description="256-token stream, 2-8 tokens per chunk (speculative decoding)",
+    ),
     *(
-        Workload(name=f"embed-{b}x{d}", kind="embeddings",
-                 build=functools.partial(embeddings, batch=b, dim=d),
-                 description=f"{b} float32 embeddings of {d} dims")
+        Workload(
+            name=f"embed-{b}x{d}",
+            kind="embeddings",
+            build=functools.partial(embeddings, batch=b, dim=d),
+            description=f"{b} float32 embeddings of {d} dims",
+        )
         for b, d in ((1, 384), (32, 1024), (8, 4096))
     ),
-    Workload(name="image-fp32", kind="tensor",
-             build=functools.partial(image, datatype="FP32"),
-             description="1x3x224x224 FP32 image tensor (ImageNet-normalized)"),
-    Workload(name="image-fp16", kind="tensor",
-             build=functools.partial(image, datatype="FP16"),
-             description="1x3x224x224 FP16 image tensor (ImageNet-normalized)"),
+    Workload(
+        name="image-fp32",
+        kind="tensor",
+        build=functools.partial(image, datatype="FP32"),
+        description="1x3x224x224 FP32 image tensor (ImageNet-normalized)",
+    ),
+    Workload(
+        name="image-fp16",
+        kind="tensor",
+        build=functools.partial(image, datatype="FP16"),
+        description="1x3x224x224 FP16 image tensor (ImageNet-normalized)",
+    ),
 )
 _BY_NAME: Final = {w.name: w for w in _WORKLOADS}
 

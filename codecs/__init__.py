@@ -16,7 +16,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any, Final
 
-from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike, Codec, StreamDecoder, StreamEncoder
+from .base import Codec
 from .errors import (
     CodecError,
     DecodeError,
@@ -26,6 +26,7 @@ from .errors import (
     UnknownCodecError,
     VerificationError,
 )
+from .framing import DEFAULT_MAX_FRAME_BYTES, BytesLike, StreamDecoder, StreamEncoder
 from .model import (
     DATATYPES,
     EmbeddingBatch,

@@ -9,46 +9,34 @@ the chunks completed so far. No codec touches a socket.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Final, TypeVar
 
-from .errors import DecodeError, EncodeError
+from .framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    BytesLike,
+    Framing,
+    StreamDecoder,
+    StreamEncoder,
+    stream_decoder,
+    stream_encoder,
+)
 from .model import EmbeddingBatch, InferRequest, InferResponse, Message, TokenChunk
 
-BytesLike = bytes | bytearray | memoryview
-"""What a decoder accepts."""
+__all__ = [
+    "ALL_TYPES",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "BytesLike",
+    "Codec",
+    "Framing",
+    "StreamDecoder",
+    "StreamEncoder",
+]
 
 M = TypeVar("M")
-
-DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
-"""Largest frame a stream decoder accepts unless told otherwise (64 MiB)."""
 
 ALL_TYPES: Final[frozenset[type[Any]]] = frozenset(
     {TokenChunk, EmbeddingBatch, InferRequest, InferResponse}
 )
-
-
-class StreamEncoder(Protocol):
-    """Sans-IO encoder of one stream: one call per chunk, then :meth:`end` once."""
-
-    def encode(self, message: Any, /) -> bytes: ...
-
-    def end(self) -> bytes: ...
-
-
-class StreamDecoder(Protocol[M]):
-    """Sans-IO decoder of one stream.
-
-    :meth:`feed` takes bytes in any split and returns the messages they completed;
-    :meth:`close` raises :class:`~inferwire.codecs.IncompleteStreamError` if the stream ended
-    mid-frame or before its end marker. ``finished`` is true once the end marker was read.
-    """
-
-    finished: bool
-
-    def feed(self, data: BytesLike, /) -> list[M]: ...
-
-    def close(self) -> None: ...
 
 
 class Codec(ABC):
@@ -70,28 +58,41 @@ class Codec(ABC):
     def decode(self, data: BytesLike, type_: type[M], /) -> M:
         """The message of type ``type_`` in ``data``. Raises :class:`DecodeError`."""
 
-    @abstractmethod
+    framing: Framing = "length-prefixed"
+    """How :meth:`stream_encoder` frames messages."""
+    framings: ClassVar[tuple[Framing, ...]] = ("length-prefixed",)
+    """The framings this codec can use (text framings need a text format)."""
+    default_stream_type: ClassVar[type[Any]] = TokenChunk
+
+    def _use_framing(self, framing: Framing | None) -> None:
+        if framing is None:
+            return
+        if framing not in self.framings:
+            raise ValueError(
+                f"codec {self.name!r} frames streams as {' or '.join(self.framings)}, "
+                f"not {framing!r}"
+            )
+        self.framing = framing
+
     def stream_encoder(self) -> StreamEncoder:
         """A fresh encoder for one stream."""
+        return stream_encoder(self.framing, self.encode)
 
-    @abstractmethod
     def stream_decoder(
-        self, type_: type[M] = cast("type[M]", TokenChunk), /, *,
+        self,
+        type_: type[Any] | None = None,
+        /,
+        *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-    ) -> StreamDecoder[M]:
+    ) -> StreamDecoder[Any]:
         """A fresh decoder for one stream of ``type_`` messages (token chunks by default)."""
+        message_type = self.default_stream_type if type_ is None else type_
+        decode = self.decode
+
+        def decode_one(data: BytesLike) -> Any:
+            return decode(data, message_type)
+
+        return stream_decoder(self.framing, decode_one, max_frame_bytes)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
-
-
-def not_carried(codec: str, type_: type[Any]) -> EncodeError:
-    return EncodeError(f"codec {codec!r} does not carry {type_.__name__}")
-
-
-def checked_type(codec: str, table: dict[type[Any], Callable[..., Any]], type_: type[Any]) -> Any:
-    """``table[type_]``, or the error a caller asking for an unsupported type deserves."""
-    try:
-        return table[type_]
-    except (KeyError, TypeError):
-        raise DecodeError(f"codec {codec!r} cannot decode into {type_!r}") from None

@@ -7,41 +7,41 @@ and its stream framing. Every foreign exception is translated here, at the one b
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from . import openai as oa
-from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike, Codec, StreamDecoder, StreamEncoder
+from .base import BytesLike, Codec, Framing
+
+__all__ = ["DictCodec", "Framing"]
 from .errors import CodecError, DecodeError, EncodeError
-from .framing import (
-    LengthPrefixedDecoder,
-    LengthPrefixedEncoder,
-    NdjsonDecoder,
-    NdjsonEncoder,
-    SseDecoder,
-    SseEncoder,
-)
 from .model import EmbeddingBatch, InferRequest, InferResponse, TokenChunk
 
 M = TypeVar("M")
-Framing = Literal["sse", "ndjson", "length-prefixed"]
 
 # What a library or the dict layer raises on bad input; translated to the codec's own errors.
-_FOREIGN = (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError,
-            RecursionError)
+_FOREIGN = (
+    KeyError,
+    IndexError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    OverflowError,
+    RecursionError,
+)
 
 
 class DictCodec(Codec):
     binary: ClassVar[bool]
     """Tensor data as raw bytes (binary formats) or as arrays of numbers (JSON)."""
-    default_framing: ClassVar[Framing]
     decode_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     """Library-specific exceptions that mean the input is not valid for the format."""
 
     def __init__(self, *, framing: Framing | None = None) -> None:
-        self.framing: Framing = framing or self.default_framing
+        self._use_framing(framing)
+        self._decode_errors: tuple[type[BaseException], ...] = (*_FOREIGN, *self.decode_errors)
         binary = self.binary
         self._to_obj: dict[type[Any], Callable[[Any], Any]] = {
-            TokenChunk: oa.chunk_to_obj,
+            TokenChunk: lambda m: oa.chunk_to_obj(m, binary=binary),
             EmbeddingBatch: lambda m: oa.embeddings_to_obj(m, binary=binary),
             InferRequest: lambda m: oa.request_to_obj(m, binary=binary),
             InferResponse: lambda m: oa.response_to_obj(m, binary=binary),
@@ -79,26 +79,5 @@ class DictCodec(Codec):
             return cast("M", from_obj(self.loads(data)))
         except CodecError:
             raise
-        except (*_FOREIGN, *self.decode_errors) as exc:
+        except self._decode_errors as exc:
             raise DecodeError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
-
-    def stream_encoder(self) -> StreamEncoder:
-        encode = cast("Callable[[object], bytes]", self.encode)
-        if self.framing == "sse":
-            return SseEncoder(encode)
-        if self.framing == "ndjson":
-            return NdjsonEncoder(encode)
-        return LengthPrefixedEncoder(encode)
-
-    def stream_decoder(
-        self, type_: type[M] = cast("type[M]", TokenChunk), /, *,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-    ) -> StreamDecoder[M]:
-        def decode(data: BytesLike) -> M:
-            return self.decode(data, type_)
-
-        if self.framing == "sse":
-            return SseDecoder(decode, max_frame_bytes)
-        if self.framing == "ndjson":
-            return NdjsonDecoder(decode, max_frame_bytes)
-        return LengthPrefixedDecoder(decode, max_frame_bytes)

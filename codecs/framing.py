@@ -20,12 +20,44 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 
-from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike
 from .errors import DecodeError, FrameTooLargeError, IncompleteStreamError
 
 M = TypeVar("M")
+
+BytesLike = bytes | bytearray | memoryview
+"""What a decoder accepts."""
+
+Framing = Literal["sse", "ndjson", "length-prefixed"]
+
+DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+"""Largest frame a stream decoder accepts unless told otherwise (64 MiB)."""
+
+
+class StreamEncoder(Protocol):
+    """Sans-IO encoder of one stream: one call per chunk, then :meth:`end` once."""
+
+    def encode(self, message: Any, /) -> bytes: ...
+
+    def end(self) -> bytes: ...
+
+
+class StreamDecoder(Protocol[M]):
+    """Sans-IO decoder of one stream.
+
+    :meth:`feed` takes bytes in any split and returns the messages they completed;
+    :meth:`close` raises :class:`~inferwire.codecs.IncompleteStreamError` if the stream ended
+    mid-frame or before its end marker. ``finished`` is true once the end marker was read.
+    """
+
+    @property
+    def finished(self) -> bool: ...
+
+    def feed(self, data: BytesLike, /) -> list[M]: ...
+
+    def close(self) -> None: ...
+
 
 FRAME_HEADER: Final = struct.Struct(">BI")
 KIND_MESSAGE: Final = 0
@@ -139,6 +171,7 @@ class LengthPrefixedDecoder(_BufferedDecoder, Generic[M]):
 # SSE lines end in CRLF, LF or CR; an event ends at an empty line.
 _SSE_EVENT_END: Final = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
 _SSE_LINE: Final = re.compile(rb"\r\n|\r|\n")
+_BOM: Final = b"\xef\xbb\xbf"
 
 
 class SseEncoder:
@@ -161,19 +194,27 @@ class SseEncoder:
 class SseDecoder(_BufferedDecoder, Generic[M]):
     """Parses server-sent events per the WHATWG rules; only ``data`` fields carry messages."""
 
-    __slots__ = ("_decode",)
+    __slots__ = ("_at_start", "_decode")
 
     def __init__(
         self, decode: Callable[[bytes], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     ) -> None:
         super().__init__(max_frame_bytes)
         self._decode = decode
+        self._at_start = True
 
     def feed(self, data: BytesLike, /) -> list[M]:
         self._check_open(data)
         buffer = self._buffer
         buffer += data
         out: list[M] = []
+        if self._at_start:
+            # WHATWG: one leading U+FEFF is stripped from the stream.
+            if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
+                return out
+            if buffer.startswith(_BOM):
+                del buffer[: len(_BOM)]
+            self._at_start = False
         pos = 0
         while True:
             match = _SSE_EVENT_END.search(buffer, max(pos, self._scan))
@@ -182,6 +223,8 @@ class SseDecoder(_BufferedDecoder, Generic[M]):
                 # an event end is at most 4 bytes (CRLF CRLF): resume 3 bytes back
                 self._scan = max(pos, len(buffer) - 3)
                 break
+            if match.start() - pos > self.max_frame_bytes:
+                raise FrameTooLargeError(match.start() - pos, self.max_frame_bytes)
             event = bytes(buffer[pos : match.start()])
             pos = match.end()
             payload = _sse_data(event)
@@ -196,9 +239,21 @@ class SseDecoder(_BufferedDecoder, Generic[M]):
             self.count += 1
         del buffer[:pos]
         self._scan = max(0, self._scan - pos)
-        if len(buffer) > self.max_frame_bytes:
-            raise FrameTooLargeError(len(buffer), self.max_frame_bytes)
+        # Up to 3 line-break bytes at the end (CRLF CR) may begin the blank line that ends the
+        # event rather than belong to it: the limit is the same however the bytes were split.
+        pending = len(buffer)
+        while pending and len(buffer) - pending < 3 and buffer[pending - 1] in b"\r\n":
+            pending -= 1
+        if pending > self.max_frame_bytes:
+            raise FrameTooLargeError(pending, self.max_frame_bytes)
         return out
+
+    def close(self) -> None:
+        # Once the stream has ended, a CR at its end is a whole line ending (it can no longer
+        # be the first half of a CRLF), so it may complete the last event: parse it as such.
+        if not self.finished and self._buffer.endswith(b"\r"):
+            self.feed(b"\n")
+        super().close()
 
 
 def _sse_data(event: bytes) -> bytes | None:
@@ -250,7 +305,9 @@ class NdjsonDecoder(_BufferedDecoder, Generic[M]):
         out: list[M] = []
         pos = 0
         while (newline := buffer.find(b"\n", max(pos, self._scan))) >= 0:
-            line = bytes(buffer[pos:newline])
+            if newline - pos > self.max_frame_bytes:
+                raise FrameTooLargeError(newline - pos, self.max_frame_bytes)
+            line = bytes(buffer[pos:newline]).removesuffix(b"\r")  # CRLF lines too
             pos = newline + 1
             if line.startswith(NDJSON_END_PREFIX):
                 count = line[len(NDJSON_END_PREFIX) :]
@@ -271,3 +328,23 @@ class NdjsonDecoder(_BufferedDecoder, Generic[M]):
         if len(buffer) > self.max_frame_bytes:
             raise FrameTooLargeError(len(buffer), self.max_frame_bytes)
         return out
+
+
+def stream_encoder(framing: Framing, encode: Callable[[Any], bytes]) -> StreamEncoder:
+    """A stream encoder of ``framing`` around a codec's one-message ``encode``."""
+    if framing == "sse":
+        return SseEncoder(encode)
+    if framing == "ndjson":
+        return NdjsonEncoder(encode)
+    return LengthPrefixedEncoder(encode)
+
+
+def stream_decoder(
+    framing: Framing, decode: Callable[[bytes], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+) -> StreamDecoder[M]:
+    """A stream decoder of ``framing`` around a codec's one-message ``decode``."""
+    if framing == "sse":
+        return SseDecoder(decode, max_frame_bytes)
+    if framing == "ndjson":
+        return NdjsonDecoder(decode, max_frame_bytes)
+    return LengthPrefixedDecoder(decode, max_frame_bytes)

@@ -26,7 +26,8 @@ class JsonCodec(DictCodec):
     media_type: ClassVar[str] = "application/json"
     stream_media_type: ClassVar[str] = "text/event-stream"
     binary: ClassVar[bool] = False
-    default_framing: ClassVar[Framing] = "sse"
+    framing: Framing = "sse"
+    framings: ClassVar[tuple[Framing, ...]] = ("sse", "ndjson", "length-prefixed")
 
     def dumps(self, obj: Any) -> bytes:
         return _encoder.encode(obj).encode()

@@ -98,8 +98,9 @@ def dtype_of(datatype: str) -> np.dtype[Any]:
 
 def datatype_of(array: npt.NDArray[Any]) -> str:
     """The KServe datatype name of an array's dtype; ``KeyError`` if none fits."""
-    return _DATATYPE_BY_DTYPE[array.dtype.newbyteorder("<") if array.dtype.byteorder == ">"
-                              else array.dtype]
+    return _DATATYPE_BY_DTYPE[
+        array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+    ]
 
 
 def arrays_equal(a: Any, b: Any) -> bool:

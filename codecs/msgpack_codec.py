@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from .base import BytesLike
-from .dictcodec import DictCodec, Framing
+from .dictcodec import DictCodec
 
 
 class MsgpackCodec(DictCodec):
@@ -19,7 +19,6 @@ class MsgpackCodec(DictCodec):
     media_type: ClassVar[str] = "application/vnd.msgpack"
     stream_media_type: ClassVar[str] = "application/vnd.inferwire.frames+msgpack"
     binary: ClassVar[bool] = True
-    default_framing: ClassVar[Framing] = "length-prefixed"
     decode_errors: ClassVar[tuple[type[BaseException], ...]] = (
         msgpack.ExtraData,
         msgpack.FormatError,

@@ -12,12 +12,10 @@ import math
 from typing import Any, ClassVar, TypeVar, cast
 
 import msgspec
-import numpy as np
 
 from . import openai as oa
-from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike, Codec, StreamDecoder, StreamEncoder
+from .base import BytesLike, Codec, Framing
 from .errors import CodecError, DecodeError, EncodeError
-from .framing import LengthPrefixedDecoder, LengthPrefixedEncoder, SseDecoder, SseEncoder
 from .model import (
     EmbeddingBatch,
     InferRequest,
@@ -151,8 +149,9 @@ def _finite(value: float) -> float:
 def _usage_s(usage: Usage | None) -> UsageS | None:
     if usage is None:
         return None
-    return UsageS(usage.prompt_tokens, usage.completion_tokens,
-                  usage.prompt_tokens + usage.completion_tokens)
+    return UsageS(
+        usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens + usage.completion_tokens
+    )
 
 
 def _usage(usage: UsageS | None) -> Usage | None:
@@ -161,7 +160,13 @@ def _usage(usage: UsageS | None) -> Usage | None:
     return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
 
 
-def chunk_to_struct(chunk: TokenChunk) -> ChunkS:
+def _any(value: float) -> float:
+    return value
+
+
+def chunk_to_struct(chunk: TokenChunk, *, binary: bool = False) -> ChunkS:
+    # MessagePack carries any double bit for bit; JSON has no text for NaN or infinities.
+    number = _any if binary else _finite
     logprobs = chunk.logprobs
     return ChunkS(
         id=chunk.id,
@@ -173,14 +178,22 @@ def chunk_to_struct(chunk: TokenChunk) -> ChunkS:
             ChoiceS(
                 chunk.index,
                 DeltaS(role="assistant" if chunk.seq == 0 else None, content=chunk.text),
-                None if logprobs is None else LogprobsS([
-                    TokenLogprobS(
-                        lp.token, _finite(lp.logprob), list(lp.token.encode()),
-                        [TopLogprobS(t.token, _finite(t.logprob), list(t.token.encode()))
-                         for t in lp.top],
-                    )
-                    for lp in logprobs
-                ]),
+                None
+                if logprobs is None
+                else LogprobsS(
+                    [
+                        TokenLogprobS(
+                            lp.token,
+                            number(lp.logprob),
+                            list(lp.token.encode()),
+                            [
+                                TopLogprobS(t.token, number(t.logprob), list(t.token.encode()))
+                                for t in lp.top
+                            ],
+                        )
+                        for lp in logprobs
+                    ]
+                ),
                 chunk.finish_reason,
                 list(chunk.token_ids),
             )
@@ -204,12 +217,20 @@ def chunk_from_struct(s: ChunkS) -> TokenChunk:
         seq=s.seq,
         token_ids=tuple(choice.token_ids),
         text=choice.delta.content,
-        logprobs=None if logprobs is None else tuple([
-            TokenLogprob(token=lp.token, logprob=lp.logprob,
-                         top=tuple([TopLogprob(token=t.token, logprob=t.logprob)
-                                    for t in lp.top_logprobs]))
-            for lp in logprobs.content
-        ]),
+        logprobs=None
+        if logprobs is None
+        else tuple(
+            [
+                TokenLogprob(
+                    token=lp.token,
+                    logprob=lp.logprob,
+                    top=tuple(
+                        [TopLogprob(token=t.token, logprob=t.logprob) for t in lp.top_logprobs]
+                    ),
+                )
+                for lp in logprobs.content
+            ]
+        ),
         finish_reason=choice.finish_reason,
         usage=_usage(s.usage),
     )
@@ -232,23 +253,34 @@ class _MsgspecCodec(Codec):
     def __init__(self) -> None:
         binary = self.binary
         self._to_struct: dict[type[Any], Any] = {
-            TokenChunk: chunk_to_struct,
+            TokenChunk: lambda c: chunk_to_struct(c, binary=binary),
             EmbeddingBatch: self._embeddings_struct,
             InferRequest: lambda r: (RequestBinS if binary else RequestJsonS)(
-                r.model, r.id, [_tensor_struct(t, binary) for t in r.inputs]),
+                r.model, r.id, [_tensor_struct(t, binary) for t in r.inputs]
+            ),
             InferResponse: lambda r: (ResponseBinS if binary else ResponseJsonS)(
-                r.model, r.id, [_tensor_struct(t, binary) for t in r.outputs]),
+                r.model, r.id, [_tensor_struct(t, binary) for t in r.outputs]
+            ),
         }
         self._from_struct: dict[type[Any], tuple[type[Any], Any]] = {
             TokenChunk: (ChunkS, chunk_from_struct),
-            EmbeddingBatch: (EmbeddingsBinS if binary else EmbeddingsJsonS,
-                             self._embeddings),
-            InferRequest: (RequestBinS if binary else RequestJsonS, lambda s: InferRequest(
-                model=s.model_name, id=s.id,
-                inputs=tuple([_tensor(t, binary) for t in s.inputs]))),
-            InferResponse: (ResponseBinS if binary else ResponseJsonS, lambda s: InferResponse(
-                model=s.model_name, id=s.id,
-                outputs=tuple([_tensor(t, binary) for t in s.outputs]))),
+            EmbeddingBatch: (EmbeddingsBinS if binary else EmbeddingsJsonS, self._embeddings),
+            InferRequest: (
+                RequestBinS if binary else RequestJsonS,
+                lambda s: InferRequest(
+                    model=s.model_name,
+                    id=s.id,
+                    inputs=tuple([_tensor(t, binary) for t in s.inputs]),
+                ),
+            ),
+            InferResponse: (
+                ResponseBinS if binary else ResponseJsonS,
+                lambda s: InferResponse(
+                    model=s.model_name,
+                    id=s.id,
+                    outputs=tuple([_tensor(t, binary) for t in s.outputs]),
+                ),
+            ),
         }
         self._decoders = {
             type_: self._make_decoder(struct) for type_, (struct, _) in self._from_struct.items()
@@ -262,10 +294,11 @@ class _MsgspecCodec(Codec):
 
     def _embeddings_struct(self, batch: EmbeddingBatch) -> Any:
         obj = oa.embeddings_to_obj(batch, binary=self.binary)
-        item = EmbeddingBinS if self.binary else EmbeddingJsonS
-        return (EmbeddingsBinS if self.binary else EmbeddingsJsonS)(
-            obj["object"], [item(**d) for d in obj["data"]], obj["model"],
-            _usage_s(batch.usage))
+        item: type[Any] = EmbeddingBinS if self.binary else EmbeddingJsonS
+        batch_struct: type[Any] = EmbeddingsBinS if self.binary else EmbeddingsJsonS
+        return batch_struct(
+            obj["object"], [item(**d) for d in obj["data"]], obj["model"], _usage_s(batch.usage)
+        )
 
     def _embeddings(self, s: Any) -> EmbeddingBatch:
         obj = {
@@ -275,8 +308,10 @@ class _MsgspecCodec(Codec):
             "usage": None,
         }
         return EmbeddingBatch(
-            model=s.model, vectors=oa.embeddings_from_obj(obj, binary=self.binary).vectors,
-            usage=_usage(s.usage))
+            model=s.model,
+            vectors=oa.embeddings_from_obj(obj, binary=self.binary).vectors,
+            usage=_usage(s.usage),
+        )
 
     def encode(self, message: Any, /) -> bytes:
         to_struct = self._to_struct.get(type(message))
@@ -297,24 +332,8 @@ class _MsgspecCodec(Codec):
             return cast("M", entry[1](self._decoders[type_].decode(data)))
         except CodecError:
             raise
-        except (msgspec.DecodeError, TypeError, ValueError, OverflowError,
-                RecursionError) as exc:
+        except (msgspec.DecodeError, TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise DecodeError(f"{self.name}: {exc}") from exc
-
-    def stream_encoder(self) -> StreamEncoder:
-        encode = cast("Any", self.encode)
-        return LengthPrefixedEncoder(encode) if self.binary else SseEncoder(encode)
-
-    def stream_decoder(
-        self, type_: type[M] = cast("type[M]", TokenChunk), /, *,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-    ) -> StreamDecoder[M]:
-        def decode(data: BytesLike) -> M:
-            return self.decode(data, type_)
-
-        if self.binary:
-            return LengthPrefixedDecoder(decode, max_frame_bytes)
-        return SseDecoder(decode, max_frame_bytes)
 
 
 class MsgspecJsonCodec(_MsgspecCodec):
@@ -322,8 +341,11 @@ class MsgspecJsonCodec(_MsgspecCodec):
     media_type: ClassVar[str] = "application/json"
     stream_media_type: ClassVar[str] = "text/event-stream"
     binary: ClassVar[bool] = False
+    framing: Framing = "sse"
+    framings: ClassVar[tuple[Framing, ...]] = ("sse", "ndjson", "length-prefixed")
 
-    def __init__(self) -> None:
+    def __init__(self, *, framing: Framing | None = None) -> None:
+        self._use_framing(framing)
         self._encoder = msgspec.json.Encoder()
         super().__init__()
 
@@ -349,6 +371,3 @@ class MsgspecMsgpackCodec(_MsgspecCodec):
 
     def _dumps(self, obj: Any) -> bytes:
         return self._encoder.encode(obj)
-
-
-_ = np  # numpy arrays pass through oa helpers

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -50,13 +51,17 @@ def _finite(value: float) -> float:
     return value
 
 
-def _logprob_obj(lp: TokenLogprob) -> Obj:
+def _any(value: float) -> float:
+    return value
+
+
+def _logprob_obj(lp: TokenLogprob, number: Callable[[float], float]) -> Obj:
     return {
         "token": lp.token,
-        "logprob": _finite(lp.logprob),
+        "logprob": number(lp.logprob),
         "bytes": list(lp.token.encode()),
         "top_logprobs": [
-            {"token": t.token, "logprob": _finite(t.logprob), "bytes": list(t.token.encode())}
+            {"token": t.token, "logprob": number(t.logprob), "bytes": list(t.token.encode())}
             for t in lp.top
         ],
     }
@@ -72,17 +77,19 @@ def _usage_obj(usage: Usage | None) -> Obj | None:
     }
 
 
-def chunk_to_obj(chunk: TokenChunk) -> Obj:
-    delta: Obj = {"role": "assistant", "content": chunk.text} if chunk.seq == 0 else {
-        "content": chunk.text
-    }
+def chunk_to_obj(chunk: TokenChunk, *, binary: bool = False) -> Obj:
+    # MessagePack carries any double bit for bit; JSON has no text for NaN or infinities.
+    number = _any if binary else _finite
+    delta: Obj = (
+        {"role": "assistant", "content": chunk.text} if chunk.seq == 0 else {"content": chunk.text}
+    )
     logprobs = chunk.logprobs
     choice: Obj = {
         "index": chunk.index,
         "delta": delta,
         "logprobs": None
         if logprobs is None
-        else {"content": [_logprob_obj(lp) for lp in logprobs]},
+        else {"content": [_logprob_obj(lp, number) for lp in logprobs]},
         "finish_reason": chunk.finish_reason,
         "token_ids": list(chunk.token_ids),
     }
@@ -177,8 +184,9 @@ def embeddings_to_obj(batch: EmbeddingBatch, *, binary: bool) -> Obj:
         rows = vectors.tolist()
     return {
         "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": row} for i, row in
-                 enumerate(rows)],
+        "data": [
+            {"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)
+        ],
         "model": batch.model,
         "usage": _usage_obj(batch.usage),
     }
@@ -216,6 +224,15 @@ def numbers_to_array(values: Any, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         if kind != "b":
             raise DecodeError(f"expected booleans, got {inferred.dtype}")
         return inferred
+    if dtype.kind in "iu" and kind not in "iu":
+        # numpy reads ints past int64 beside small ones ([2**64 - 1, 0]) as float64, losing
+        # them: read integer data from the values themselves, each checked to be an int.
+        if not all(type(v) is int for v in np.array(values, dtype=object).flat):
+            raise DecodeError(f"expected integers for {dtype}")
+        try:
+            return np.array(values, dtype=dtype)
+        except OverflowError as exc:
+            raise DecodeError(f"integer out of range for {dtype}") from exc
     if kind not in "iu" and not (dtype.kind == "f" and kind == "f"):
         raise DecodeError(f"expected numbers for {dtype}, got {inferred.dtype}")
     with np.errstate(over="ignore", invalid="ignore"):
@@ -321,8 +338,7 @@ def tensor_from_obj(obj: Obj, *, binary: bool) -> Tensor:
             raise DecodeError("KServe JSON tensor data must be a flat array")
     if array.size != count:
         raise DecodeError(f"tensor data has {array.size} elements, shape {shape} needs {count}")
-    return Tensor(name=_str(obj["name"]), datatype=datatype, shape=shape,
-                  data=array.reshape(shape))
+    return Tensor(name=_str(obj["name"]), datatype=datatype, shape=shape, data=array.reshape(shape))
 
 
 def request_to_obj(request: InferRequest, *, binary: bool) -> Obj:

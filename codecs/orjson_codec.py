@@ -20,7 +20,8 @@ class OrjsonCodec(DictCodec):
     media_type: ClassVar[str] = "application/json"
     stream_media_type: ClassVar[str] = "text/event-stream"
     binary: ClassVar[bool] = False
-    default_framing: ClassVar[Framing] = "sse"
+    framing: Framing = "sse"
+    framings: ClassVar[tuple[Framing, ...]] = ("sse", "ndjson", "length-prefixed")
     decode_errors: ClassVar[tuple[type[BaseException], ...]] = (orjson.JSONDecodeError,)
 
     def dumps(self, obj: Any) -> bytes:

@@ -18,9 +18,8 @@ from google.protobuf.internal import api_implementation
 from inferwire.schemas import inferwire_pb2 as pb
 
 from . import openai as oa
-from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike, Codec, StreamDecoder, StreamEncoder
+from .base import BytesLike, Codec
 from .errors import CodecError, DecodeError, EncodeError
-from .framing import LengthPrefixedDecoder, LengthPrefixedEncoder
 from .model import (
     DATATYPES,
     EmbeddingBatch,
@@ -88,14 +87,18 @@ def chunk_from_pb(msg: pb.TokenChunk) -> TokenChunk:
         seq=msg.seq,
         token_ids=tuple(msg.token_ids),
         text=msg.text,
-        logprobs=tuple([
-            TokenLogprob(
-                token=lp.token,
-                logprob=lp.logprob,
-                top=tuple([TopLogprob(token=t.token, logprob=t.logprob) for t in lp.top]),
-            )
-            for lp in msg.logprobs.content
-        ]) if msg.HasField("logprobs") else None,
+        logprobs=tuple(
+            [
+                TokenLogprob(
+                    token=lp.token,
+                    logprob=lp.logprob,
+                    top=tuple([TopLogprob(token=t.token, logprob=t.logprob) for t in lp.top]),
+                )
+                for lp in msg.logprobs.content
+            ]
+        )
+        if msg.HasField("logprobs")
+        else None,
         finish_reason=msg.finish_reason if msg.HasField("finish_reason") else None,
         usage=_usage(msg.usage, msg.HasField("usage")),
     )
@@ -111,10 +114,14 @@ def tensor_to_pb(tensor: Tensor) -> pb.Tensor:
             f"tensor {tensor.name!r}: data {data.dtype}{data.shape} does not match "
             f"{tensor.datatype}{tensor.shape}"
         )
-    raw = (oa.bytes_elements_to_raw(data) if tensor.datatype == "BYTES"
-           else np.ascontiguousarray(data).tobytes())
-    return pb.Tensor(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape,
-                     raw_contents=raw)
+    raw = (
+        oa.bytes_elements_to_raw(data)
+        if tensor.datatype == "BYTES"
+        else np.ascontiguousarray(data).tobytes()
+    )
+    return pb.Tensor(
+        name=tensor.name, datatype=tensor.datatype, shape=tensor.shape, raw_contents=raw
+    )
 
 
 def tensor_from_pb(msg: pb.Tensor) -> Tensor:
@@ -159,28 +166,33 @@ def embeddings_from_pb(msg: pb.EmbeddingBatch) -> EmbeddingBatch:
             f"embedding batch: {len(msg.vectors)} bytes for {msg.batch}x{msg.dim} float32"
         )
     vectors = np.frombuffer(msg.vectors, dtype="<f4").reshape(msg.batch, msg.dim)
-    return EmbeddingBatch(model=msg.model, vectors=vectors,
-                          usage=_usage(msg.usage, msg.HasField("usage")))
+    return EmbeddingBatch(
+        model=msg.model, vectors=vectors, usage=_usage(msg.usage, msg.HasField("usage"))
+    )
 
 
 def request_to_pb(request: InferRequest) -> pb.InferRequest:
-    return pb.InferRequest(model=request.model, id=request.id,
-                           inputs=[tensor_to_pb(t) for t in request.inputs])
+    return pb.InferRequest(
+        model=request.model, id=request.id, inputs=[tensor_to_pb(t) for t in request.inputs]
+    )
 
 
 def request_from_pb(msg: pb.InferRequest) -> InferRequest:
-    return InferRequest(model=msg.model, id=msg.id,
-                        inputs=tuple([tensor_from_pb(t) for t in msg.inputs]))
+    return InferRequest(
+        model=msg.model, id=msg.id, inputs=tuple([tensor_from_pb(t) for t in msg.inputs])
+    )
 
 
 def response_to_pb(response: InferResponse) -> pb.InferResponse:
-    return pb.InferResponse(model=response.model, id=response.id,
-                            outputs=[tensor_to_pb(t) for t in response.outputs])
+    return pb.InferResponse(
+        model=response.model, id=response.id, outputs=[tensor_to_pb(t) for t in response.outputs]
+    )
 
 
 def response_from_pb(msg: pb.InferResponse) -> InferResponse:
-    return InferResponse(model=msg.model, id=msg.id,
-                         outputs=tuple([tensor_from_pb(t) for t in msg.outputs]))
+    return InferResponse(
+        model=msg.model, id=msg.id, outputs=tuple([tensor_from_pb(t) for t in msg.outputs])
+    )
 
 
 TO_PB: dict[type[Any], Any] = {
@@ -225,15 +237,3 @@ class ProtobufCodec(Codec):
             raise
         except (pb_message.DecodeError, TypeError, ValueError, OverflowError) as exc:
             raise DecodeError(f"protobuf: {exc}") from exc
-
-    def stream_encoder(self) -> StreamEncoder:
-        return LengthPrefixedEncoder(cast("Any", self.encode))
-
-    def stream_decoder(
-        self, type_: type[M] = cast("type[M]", TokenChunk), /, *,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-    ) -> StreamDecoder[M]:
-        def decode(data: BytesLike) -> M:
-            return self.decode(data, type_)
-
-        return LengthPrefixedDecoder(decode, max_frame_bytes)

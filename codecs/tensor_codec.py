@@ -26,9 +26,8 @@ import numpy as np
 import orjson
 
 from . import openai as oa
-from .base import DEFAULT_MAX_FRAME_BYTES, BytesLike, Codec, StreamDecoder, StreamEncoder
+from .base import BytesLike, Codec
 from .errors import CodecError, DecodeError, EncodeError
-from .framing import LengthPrefixedDecoder, LengthPrefixedEncoder
 from .model import DATATYPES, EmbeddingBatch, InferRequest, InferResponse, Tensor, Usage
 
 M = TypeVar("M")
@@ -54,7 +53,8 @@ def _tensor_parts(tensor: Tensor) -> tuple[dict[str, Any], BytesLike]:
         raw = oa.bytes_elements_to_raw(data)
     else:
         # A view of the array's own memory: nothing is copied unless it is not contiguous.
-        raw = memoryview(np.ascontiguousarray(data)).cast("B")
+        # (As uint8 rather than memoryview.cast("B"), which refuses zero-size shapes.)
+        raw = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     header = {
         "name": tensor.name,
         "datatype": tensor.datatype,
@@ -79,10 +79,8 @@ def _header_and_tensors(message: Any) -> tuple[dict[str, Any], str, tuple[Tensor
         vectors = message.vectors
         if vectors.ndim != 2 or vectors.dtype != np.float32:
             raise EncodeError("vectors must be a float32 matrix (batch x dim)")
-        tensor = Tensor(name=EMBEDDINGS_TENSOR, datatype="FP32", shape=vectors.shape,
-                        data=vectors)
-        header = {"model_name": message.model, "parameters": {"usage": _usage_obj(
-            message.usage)}}
+        tensor = Tensor(name=EMBEDDINGS_TENSOR, datatype="FP32", shape=vectors.shape, data=vectors)
+        header = {"model_name": message.model, "parameters": {"usage": _usage_obj(message.usage)}}
         return header, "outputs", (tensor,)
     raise EncodeError(f"codec 'tensor' cannot encode {type(message).__name__}")
 
@@ -143,8 +141,11 @@ def _read_tensors(entries: Any, data: memoryview, pos: int) -> tuple[list[Tensor
                     f"bytes, header says {size}"
                 )
             array = np.frombuffer(data, dtype=dtype, count=count, offset=pos)
-        tensors.append(Tensor(name=_str(entry["name"]), datatype=datatype, shape=shape,
-                              data=array.reshape(shape)))
+        tensors.append(
+            Tensor(
+                name=_str(entry["name"]), datatype=datatype, shape=shape, data=array.reshape(shape)
+            )
+        )
         pos += size
     return tensors, pos
 
@@ -168,15 +169,21 @@ def decode_message(data: BytesLike, type_: type[Any]) -> Any:
             raise DecodeError("an embedding batch is one FP32 matrix")
         usage = header["parameters"]["usage"]
         result: Any = EmbeddingBatch(
-            model=_str(header["model_name"]), vectors=tensors[0].data,
-            usage=None if usage is None else Usage(
+            model=_str(header["model_name"]),
+            vectors=tensors[0].data,
+            usage=None
+            if usage is None
+            else Usage(
                 prompt_tokens=_int(usage["prompt_tokens"]),
-                completion_tokens=_int(usage["completion_tokens"])))
+                completion_tokens=_int(usage["completion_tokens"]),
+            ),
+        )
     elif type_ is InferRequest or type_ is InferResponse:
         key = "inputs" if type_ is InferRequest else "outputs"
         tensors, pos = _read_tensors(header[key], view, pos)
-        result = type_(model=_str(header["model_name"]), id=_str(header["id"]),
-                       **{key: tuple(tensors)})
+        result = type_(
+            model=_str(header["model_name"]), id=_str(header["id"]), **{key: tuple(tensors)}
+        )
     else:
         raise DecodeError(f"codec 'tensor' cannot decode into {type_!r}")
     if pos != len(view):
@@ -188,9 +195,8 @@ class TensorCodec(Codec):
     name: ClassVar[str] = "tensor"
     media_type: ClassVar[str] = "application/vnd.inferwire.tensor"
     stream_media_type: ClassVar[str] = "application/vnd.inferwire.frames+tensor"
-    types: ClassVar[frozenset[type[Any]]] = frozenset(
-        {EmbeddingBatch, InferRequest, InferResponse}
-    )
+    types: ClassVar[frozenset[type[Any]]] = frozenset({EmbeddingBatch, InferRequest, InferResponse})
+    default_stream_type: ClassVar[type[Any]] = InferResponse
 
     def encode_parts(self, message: Any, /) -> list[BytesLike]:
         """See :func:`encode_parts`."""
@@ -211,15 +217,3 @@ class TensorCodec(Codec):
             raise
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise DecodeError(f"tensor: {type(exc).__name__}: {exc}") from exc
-
-    def stream_encoder(self) -> StreamEncoder:
-        return LengthPrefixedEncoder(cast("Any", self.encode))
-
-    def stream_decoder(
-        self, type_: type[M] = cast("type[M]", InferResponse), /, *,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-    ) -> StreamDecoder[M]:
-        def decode(data: BytesLike) -> M:
-            return self.decode(data, type_)
-
-        return LengthPrefixedDecoder(decode, max_frame_bytes)

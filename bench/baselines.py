@@ -1,0 +1,183 @@
+"""What each codec is compared with: the same work without the codec API, and the library alone.
+
+For every codec three levels are timed on the same message:
+
+- ``codec``: ``codec.encode(m)`` / ``codec.decode(b, T)``, the public API;
+- ``direct``: the same conversion and library call, written out with no API layer (no registry,
+  no type dispatch, no error translation): the wrapper's own cost is ``codec / direct``;
+- ``library``: the library's call alone on data already in its native form (the prepared dict,
+  a prebuilt protobuf message or Struct, the bytes to parse): what is left if conversion from
+  and to the model values were free. ``library / codec`` is the library's share of the work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import orjson
+
+from inferwire.codecs import (
+    EmbeddingBatch,
+    InferRequest,
+    InferResponse,
+    Message,
+    TokenChunk,
+    json_codec,
+    msgspec_codec,
+    protobuf_codec,
+    tensor_codec,
+)
+from inferwire.codecs import flatbuffers_codec as fbc
+from inferwire.codecs import openai as oa
+
+_TO_OBJ: dict[type[Any], Callable[[Any, bool], Any]] = {
+    TokenChunk: lambda m, binary: oa.chunk_to_obj(m, binary=binary),
+    EmbeddingBatch: lambda m, binary: oa.embeddings_to_obj(m, binary=binary),
+    InferRequest: lambda m, binary: oa.request_to_obj(m, binary=binary),
+    InferResponse: lambda m, binary: oa.response_to_obj(m, binary=binary),
+}
+_FROM_OBJ: dict[type[Any], Callable[[Any, bool], Any]] = {
+    TokenChunk: lambda o, binary: oa.chunk_from_obj(o),
+    EmbeddingBatch: lambda o, binary: oa.embeddings_from_obj(o, binary=binary),
+    InferRequest: lambda o, binary: oa.request_from_obj(o, binary=binary),
+    InferResponse: lambda o, binary: oa.response_from_obj(o, binary=binary),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Baseline:
+    """The ``direct`` and ``library`` levels of one codec (see the module docstring)."""
+
+    direct_encode: Callable[[Message], bytes]
+    direct_decode: Callable[[bytes, type[Any]], Any]
+    prepare: Callable[[Message], Any]
+    """The message in the library's native form, built once, outside the timing."""
+    library_encode: Callable[[Any], Any]
+    library_decode: Callable[[bytes, type[Any]], Any]
+    library_output_ok: Callable[[Any, bytes], bool] = lambda out, encoded: bytes(out) == encoded
+    """Whether the library level's output is the codec's encoding (or its payload part)."""
+
+
+def _dict_baseline(
+    dumps: Callable[[Any], bytes], loads: Callable[[bytes], Any], binary: bool
+) -> Baseline:
+    return Baseline(
+        direct_encode=lambda m: dumps(_TO_OBJ[type(m)](m, binary)),
+        direct_decode=lambda b, t: _FROM_OBJ[t](loads(b), binary),
+        prepare=lambda m: _TO_OBJ[type(m)](m, binary),
+        library_encode=dumps,
+        library_decode=lambda b, t: loads(b),
+    )
+
+
+def _msgspec_baseline(codec: msgspec_codec._MsgspecCodec) -> Baseline:
+    encoder = codec._dumps
+    decoders = codec._decoders
+    to_struct = codec._to_struct
+    from_struct = codec._from_struct
+    return Baseline(
+        direct_encode=lambda m: encoder(to_struct[type(m)](m)),
+        direct_decode=lambda b, t: from_struct[t][1](decoders[t].decode(b)),
+        prepare=lambda m: to_struct[type(m)](m),
+        library_encode=encoder,
+        library_decode=lambda b, t: decoders[t].decode(b),
+    )
+
+
+_json_encoder = json_codec._encoder
+
+
+def _tensor_direct_decode(data: bytes, type_: type[Any]) -> Any:
+    return tensor_codec.decode_message(data, type_)
+
+
+def _fb_library_decode(data: bytes, type_: type[Any]) -> Any:
+    # the generated accessor alone: no verification, no view object
+    return fbc.Envelope.GetRootAs(data, 4).PayloadType()  # after the size prefix
+
+
+BASELINES: dict[str, Baseline] = {
+    "json": _dict_baseline(lambda o: _json_encoder.encode(o).encode(), json.loads, False),
+    "orjson": _dict_baseline(orjson.dumps, orjson.loads, False),
+    "msgpack": _dict_baseline(
+        lambda o: msgpack.packb(o, use_bin_type=True),
+        lambda b: msgpack.unpackb(b, raw=False, strict_map_key=True),
+        True,
+    ),
+    "msgspec-json": _msgspec_baseline(msgspec_codec.MsgspecJsonCodec()),
+    "msgspec-msgpack": _msgspec_baseline(msgspec_codec.MsgspecMsgpackCodec()),
+    "protobuf": Baseline(
+        direct_encode=lambda m: protobuf_codec.TO_PB[type(m)](m).SerializeToString(),
+        direct_decode=lambda b, t: protobuf_codec.FROM_PB[t][1](
+            protobuf_codec.FROM_PB[t][0].FromString(b)
+        ),
+        prepare=lambda m: protobuf_codec.TO_PB[type(m)](m),
+        library_encode=lambda pb: pb.SerializeToString(),
+        library_decode=lambda b, t: protobuf_codec.FROM_PB[t][0].FromString(b),
+    ),
+    "flatbuffers": Baseline(
+        direct_encode=fbc.encode_message,
+        direct_decode=fbc.decode_message,
+        prepare=lambda m: fbc.encode_message(m),
+        # building is the library call itself: bytes() of a finished builder's output
+        library_encode=bytes,
+        library_decode=_fb_library_decode,
+    ),
+    "tensor": Baseline(
+        direct_encode=lambda m: b"".join(tensor_codec.encode_parts(m)),
+        direct_decode=_tensor_direct_decode,
+        prepare=lambda m: m,
+        # the floor of any tensor encoding: one copy of the array bytes
+        library_encode=lambda m: _raw_bytes(m),
+        library_decode=lambda b, t: np.frombuffer(b, dtype=np.uint8),
+        library_output_ok=lambda out, encoded: encoded.endswith(out),
+    ),
+}
+
+
+def _raw_bytes(message: Any) -> bytes:
+    tensors = (
+        message.inputs
+        if isinstance(message, InferRequest)
+        else (message.outputs if isinstance(message, InferResponse) else None)
+    )
+    if tensors is None:
+        return bytes(message.vectors.tobytes())
+    return b"".join(t.data.tobytes() for t in tensors)
+
+
+def read_all(message: Any) -> int:
+    """Touch every field a client would read; returns a checksum so nothing is optimized out.
+
+    Arrays are read at their first and last element: a zero-copy view must then be valid
+    end to end, and the sum over every element would time numpy, not the codec.
+    """
+    if isinstance(message, TokenChunk) or hasattr(message, "token_ids"):
+        total = len(message.id) + len(message.model) + message.created + message.index
+        total += message.seq + sum(message.token_ids) + len(message.text)
+        if message.logprobs is not None:
+            for lp in message.logprobs:
+                total += len(lp.token) + int(lp.logprob)
+                for top in lp.top:
+                    total += len(top.token) + int(top.logprob)
+        if message.finish_reason is not None:
+            total += len(message.finish_reason)
+        if message.usage is not None:
+            total += message.usage.prompt_tokens + message.usage.completion_tokens
+        return int(total)
+    if hasattr(message, "vectors"):
+        vectors = message.vectors
+        return len(message.model) + int(vectors.flat[0] != vectors.flat[-1])
+    tensors = message.inputs if hasattr(message, "inputs") else message.outputs
+    total = len(message.model) + len(message.id)
+    for tensor in tensors:
+        data = tensor.data
+        total += len(tensor.name) + len(tensor.datatype) + len(tensor.shape)
+        if data.size:
+            total += int(data.flat[0] == data.flat[-1])
+    return total

@@ -1,0 +1,204 @@
+"""The codec matrix: every codec x every workload x {encode, decode, decode and read}.
+
+Token-stream workloads are timed as whole streams through ``stream_encoder``/``stream_decoder``
+(framing included, one ``feed`` per frame as a transport delivers it): what a server and a
+client do per response. Other workloads are one unary message. ``extra_info`` records the wire
+size and whether the result equals the original; a wrong result fails the benchmark.
+
+Beside the matrix, the wrapper group times each codec against the same work done directly and
+against its library call alone (see :mod:`inferwire.bench.baselines`), and the targets group
+holds the baselines the issue's targets are ratios against (a plain memcpy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import inferwire.codecs as ic
+from inferwire.bench import workloads
+from inferwire.bench.baselines import BASELINES, read_all
+
+MATRIX = [
+    (codec, workload)
+    for workload in workloads.names()
+    for codec in ic.names()
+    if type(workloads.get(workload).messages()[0]) in ic.get(codec).types
+]
+# One workload of each kind for the wrapper comparison, unary messages only.
+WRAPPER_WORKLOADS = ("stream-256-top5", "embed-32x1024", "image-fp32")
+WRAPPER = [
+    (codec, workload)
+    for workload in WRAPPER_WORKLOADS
+    for codec in ic.names()
+    if type(workloads.get(workload).messages()[0]) in ic.get(codec).types
+]
+
+
+def _is_stream(workload: str) -> bool:
+    return workloads.get(workload).kind == "stream"
+
+
+def encode_stream(codec: ic.Codec, messages: list[Any]) -> list[bytes]:
+    encoder = codec.stream_encoder()
+    frames = [encoder.encode(m) for m in messages]
+    frames.append(encoder.end())
+    return frames
+
+
+def decode_stream(codec: ic.Codec, frames: list[bytes], type_: type[Any]) -> list[Any]:
+    decoder = codec.stream_decoder(type_)
+    out: list[Any] = []
+    for frame in frames:
+        out += decoder.feed(frame)
+    decoder.close()
+    return out
+
+
+def _record(
+    benchmark: Any,
+    codec: str,
+    workload: str,
+    op: str,
+    wire_bytes: int,
+    messages: int,
+    correct: bool,
+) -> None:
+    benchmark.extra_info.update(
+        codec=codec,
+        workload=workload,
+        op=op,
+        wire_bytes=wire_bytes,
+        messages=messages,
+        correct=correct,
+    )
+    assert correct, f"{codec} {op} of {workload} did not round trip"
+
+
+@pytest.mark.parametrize(("codec_name", "workload"), MATRIX)
+@pytest.mark.parametrize("op", ["encode", "decode", "decode+read"])
+def bench_codec(benchmark: Any, codec_name: str, workload: str, op: str) -> None:
+    codec = ic.get(codec_name)
+    messages = workloads.get(workload).messages()
+    type_: type[Any] = type(messages[0])
+    benchmark.group = f"codec {workload}"
+    if _is_stream(workload):
+        frames = encode_stream(codec, messages)
+        if op == "encode":
+            frames = benchmark(encode_stream, codec, messages)
+            result = decode_stream(codec, frames, type_)
+        elif op == "decode":
+            result = benchmark(decode_stream, codec, frames, type_)
+        else:
+
+            def decode_read_stream() -> list[Any]:
+                decoded = decode_stream(codec, frames, type_)
+                for m in decoded:
+                    read_all(m)
+                return decoded
+
+            result = benchmark(decode_read_stream)
+        wire = sum(map(len, frames))
+        correct = result == messages
+    else:
+        (message,) = messages
+        data = codec.encode(message)
+        if op == "encode":
+            data = benchmark(codec.encode, message)
+            result = codec.decode(data, type_)
+        elif op == "decode":
+            result = benchmark(codec.decode, data, type_)
+        else:
+
+            def decode_read() -> Any:
+                decoded = codec.decode(data, type_)
+                read_all(decoded)
+                return decoded
+
+            result = benchmark(decode_read)
+        wire = len(data)
+        correct = result == message
+    _record(benchmark, codec_name, workload, op, wire, len(messages), correct)
+
+
+@pytest.mark.parametrize(("codec_name", "workload"), WRAPPER)
+@pytest.mark.parametrize(
+    "level",
+    [
+        "codec-encode",
+        "direct-encode",
+        "library-encode",
+        "codec-decode",
+        "direct-decode",
+        "library-decode",
+    ],
+)
+def bench_wrapper(benchmark: Any, codec_name: str, workload: str, level: str) -> None:
+    """Unary messages in a loop (a stream's chunks one by one) at the three levels."""
+    codec = ic.get(codec_name)
+    baseline = BASELINES[codec_name]
+    messages = workloads.get(workload).messages()
+    type_ = type(messages[0])
+    encoded = [codec.encode(m) for m in messages]
+    benchmark.group = f"wrapper {codec_name} {workload}"
+    if level == "codec-encode":
+        out = benchmark(lambda: [codec.encode(m) for m in messages])
+        correct = out == encoded
+    elif level == "direct-encode":
+        out = benchmark(lambda: [baseline.direct_encode(m) for m in messages])
+        correct = out == encoded
+    elif level == "library-encode":
+        prepared = [baseline.prepare(m) for m in messages]
+        out = benchmark(lambda: [baseline.library_encode(p) for p in prepared])
+        correct = all(map(baseline.library_output_ok, out, encoded))
+    elif level == "codec-decode":
+        out = benchmark(lambda: [codec.decode(b, type_) for b in encoded])
+        correct = out == messages
+    elif level == "direct-decode":
+        out = benchmark(lambda: [baseline.direct_decode(b, type_) for b in encoded])
+        correct = out == messages
+    else:
+        out = benchmark(lambda: [baseline.library_decode(b, type_) for b in encoded])
+        correct = len(out) == len(messages)  # native objects: nothing to compare with
+    _record(benchmark, codec_name, workload, level, sum(map(len, encoded)), len(messages), correct)
+
+
+def _image_fp32() -> np.ndarray[Any, Any]:
+    (message,) = workloads.get("image-fp32").messages()
+    assert isinstance(message, ic.InferRequest)
+    return message.inputs[0].data
+
+
+def bench_memcpy(benchmark: Any) -> None:
+    """A plain copy of the fp32 image's bytes into an existing buffer: the encode target's
+    yardstick (tensor encode must move bytes at >= 50% of this rate)."""
+    source = memoryview(_image_fp32()).cast("B")  # type: ignore[arg-type]
+    target = bytearray(len(source))
+
+    def copy() -> bytearray:
+        target[:] = source
+        return target
+
+    benchmark.group = "targets"
+    out = benchmark(copy)
+    _record(
+        benchmark, "memcpy", "image-fp32", "memcpy", len(source), 1, bytes(out) == bytes(source)
+    )
+
+
+def bench_bytes_copy(benchmark: Any) -> None:
+    """``ndarray.tobytes()`` of the fp32 image: a copy into a new allocation."""
+    data = _image_fp32()
+    benchmark.group = "targets"
+    out = benchmark(data.tobytes)
+    _record(
+        benchmark,
+        "tobytes",
+        "image-fp32",
+        "tobytes",
+        len(out),
+        1,
+        np.array_equal(np.frombuffer(out, dtype=data.dtype).reshape(data.shape), data),
+    )

@@ -1,0 +1,93 @@
+"""The ``inferwire`` command.
+
+inferwire bench [--out results] [--quick]   run the benchmark matrix, write results/
+inferwire report [--out results]            rebuild results/README.md from results/raw/
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RAW_NAME = "codecs.json"
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from . import report
+
+    out: Path = args.out
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    raw_path = raw / RAW_NAME
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(HERE / "bench_codecs.py"),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--import-mode=importlib",
+        # the suites' naming, so an installed (non-checkout) copy collects them too
+        "-o",
+        "python_files=bench_*.py",
+        "-o",
+        "python_functions=bench_*",
+        f"--benchmark-json={raw_path}",
+        "--benchmark-warmup=on",
+        f"--benchmark-max-time={args.max_time}",
+        "--benchmark-min-rounds=5",
+        "--benchmark-columns=median,iqr,rounds",
+        "--benchmark-sort=name",
+    ]
+    if args.filter:
+        command += ["-k", args.filter]
+    # rootdir/config: the project's pytest settings apply when run from a checkout
+    completed = subprocess.run(command, cwd=HERE.parent, check=False)
+    if completed.returncode != 0:
+        print(
+            f"benchmark run failed (exit {completed.returncode}); results not written",
+            file=sys.stderr,
+        )
+        return completed.returncode
+    written = report.write(raw_path, out)
+    print(f"wrote {written}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from . import report
+
+    written = report.write(args.out / "raw" / RAW_NAME, args.out)
+    print(f"wrote {written}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="inferwire", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    bench = commands.add_parser("bench", help="run the benchmark matrix and write results/")
+    bench.add_argument("--out", type=Path, default=Path("results"))
+    bench.add_argument(
+        "--max-time",
+        type=float,
+        default=0.5,
+        help="seconds of rounds per benchmark (pytest-benchmark max-time)",
+    )
+    bench.add_argument("-k", dest="filter", help="only benchmarks matching this expression")
+    bench.set_defaults(run=_bench)
+
+    rep = commands.add_parser("report", help="rebuild results/README.md from raw JSON")
+    rep.add_argument("--out", type=Path, default=Path("results"))
+    rep.set_defaults(run=_report)
+
+    args = parser.parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

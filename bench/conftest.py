@@ -1,0 +1,61 @@
+"""pytest-benchmark settings shared by the suites under bench/.
+
+GC: objects built before the timing (workloads, prepared messages) are frozen out of the
+collector, and pytest-benchmark's ``--benchmark-disable-gc`` is on by default here, so a
+collection pass is never billed to one unlucky round. Each result's ``extra_info`` names the
+codec, the workload, the wire size and whether the round trip was correct.
+"""
+
+from __future__ import annotations
+
+import gc
+import platform
+from collections.abc import Iterator
+from importlib import metadata
+from typing import Any
+
+import pytest
+
+LIBRARIES = (
+    "inferwire",
+    "numpy",
+    "orjson",
+    "msgpack",
+    "msgspec",
+    "protobuf",
+    "flatbuffers",
+    "grpcio",
+    "pytest-benchmark",
+)
+
+
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def pytest_benchmark_update_machine_info(config: Any, machine_info: dict[str, Any]) -> None:
+    from inferwire.codecs.protobuf_codec import BACKEND
+
+    machine_info["libraries"] = library_versions()
+    machine_info["protobuf_backend"] = BACKEND
+    machine_info["python_implementation"] = platform.python_implementation()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    option = config.option
+    if hasattr(option, "benchmark_disable_gc"):
+        option.benchmark_disable_gc = True
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _frozen_heap() -> Iterator[None]:
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()

@@ -1,0 +1,288 @@
+"""Turn a pytest-benchmark JSON file into the tables of ``results/README.md``.
+
+Every number printed comes from the JSON of a run; nothing is typed in. Times are medians of
+the run's rounds, spread is the interquartile range as a share of the median, and every
+comparison is a ratio of two figures measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import workloads
+
+WRAPPER_TARGET = 1.05
+FLAT_DECODE_TARGET = 2.0
+MEMCPY_TARGET = 0.5
+SMALLEST_TENSOR_WORKLOAD = "embed-1x384"
+LARGEST_TENSOR_WORKLOAD = "image-fp32"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    codec: str
+    workload: str
+    op: str
+    median_s: float
+    iqr_s: float
+    rounds: int
+    wire_bytes: int
+    messages: int
+    correct: bool
+
+    @property
+    def spread(self) -> float:
+        return self.iqr_s / self.median_s if self.median_s else 0.0
+
+
+def load(path: Path) -> tuple[list[Result], dict[str, Any]]:
+    raw = json.loads(path.read_text())
+    results = []
+    for bench in raw["benchmarks"]:
+        info = bench["extra_info"]
+        stats = bench["stats"]
+        results.append(
+            Result(
+                codec=info["codec"],
+                workload=info["workload"],
+                op=info["op"],
+                median_s=stats["median"],
+                iqr_s=stats["iqr"],
+                rounds=stats["rounds"],
+                wire_bytes=info["wire_bytes"],
+                messages=info["messages"],
+                correct=info["correct"],
+            )
+        )
+    return results, raw
+
+
+def _us(seconds: float) -> str:
+    micro = seconds * 1e6
+    if micro >= 1000:
+        return f"{micro / 1000:,.2f} ms"
+    return f"{micro:,.2f} us" if micro < 100 else f"{micro:,.0f} us"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def _table(header: list[str], rows: Iterable[list[str]]) -> str:
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def codec_tables(results: list[Result]) -> str:
+    by_key = {(r.codec, r.workload, r.op): r for r in results}
+    out = []
+    for workload in workloads.names():
+        codecs = [r.codec for r in results if r.workload == workload and r.op == "encode"]
+        if not codecs:
+            continue
+        meta = workloads.get(workload)
+        per = "per chunk" if meta.kind == "stream" else "per message"
+        json_enc = by_key.get(("json", workload, "encode"))
+        json_dec = by_key.get(("json", workload, "decode"))
+        rows = []
+        for codec in codecs:
+            enc = by_key[(codec, workload, "encode")]
+            dec = by_key.get((codec, workload, "decode"))
+            read = by_key.get((codec, workload, "decode+read"))
+            n = enc.messages
+            row = [
+                f"`{codec}`",
+                f"{enc.wire_bytes:,}",
+                f"{enc.wire_bytes / n:,.0f}" if n > 1 else "",
+                f"{enc.wire_bytes / json_enc.wire_bytes:.0%}" if json_enc else "",
+                f"{_us(enc.median_s / n)} ±{enc.spread:.0%}",
+                f"{_us(dec.median_s / n)} ±{dec.spread:.0%}" if dec else "",
+                f"{_us(read.median_s / n)}" if read else "",
+                _ratio(json_enc.median_s / enc.median_s) if json_enc else "",
+                _ratio(json_dec.median_s / dec.median_s) if json_dec and dec else "",
+                "yes" if all(x.correct for x in (enc, dec, read) if x) else "**NO**",
+            ]
+            rows.append(row)
+        out.append(f"### `{workload}`: {meta.description}\n")
+        out.append(
+            _table(
+                [
+                    "codec",
+                    "wire bytes",
+                    "bytes/chunk",
+                    "size vs json",
+                    f"encode {per}",
+                    f"decode {per}",
+                    "decode + read",
+                    "encode speed-up vs json",
+                    "decode speed-up vs json",
+                    "round trip",
+                ],
+                rows,
+            )
+        )
+        out.append("")
+    return "\n".join(out)
+
+
+def wrapper_table(results: list[Result]) -> str:
+    levels: dict[tuple[str, str], dict[str, Result]] = defaultdict(dict)
+    for r in results:
+        if "-" in r.op and r.op.split("-")[0] in ("codec", "direct", "library"):
+            levels[(r.codec, r.workload)][r.op] = r
+    rows = []
+    for (codec, workload), ops in levels.items():
+        row = [f"`{codec}`", f"`{workload}`"]
+        for op in ("encode", "decode"):
+            c, d, lib = ops[f"codec-{op}"], ops[f"direct-{op}"], ops[f"library-{op}"]
+            ratio = c.median_s / d.median_s
+            mark = "" if ratio <= WRAPPER_TARGET else " **over**"
+            row += [f"{ratio:.3f}x{mark}", f"{lib.median_s / c.median_s:.0%}"]
+        rows.append(row)
+    return _table(
+        [
+            "codec",
+            "workload",
+            "encode: codec / direct",
+            "encode: library share",
+            "decode: codec / direct",
+            "decode: library share",
+        ],
+        rows,
+    )
+
+
+def target_rows(results: list[Result]) -> list[list[str]]:
+    by_key = {(r.codec, r.workload, r.op): r for r in results}
+    rows = []
+    for codec in ("flatbuffers", "tensor"):
+        small = by_key.get((codec, SMALLEST_TENSOR_WORKLOAD, "decode"))
+        large = by_key.get((codec, LARGEST_TENSOR_WORKLOAD, "decode"))
+        if small and large:
+            ratio = large.median_s / small.median_s
+            rows.append(
+                [
+                    f"`{codec}` decode (verification included) is flat in size",
+                    f"{LARGEST_TENSOR_WORKLOAD} ({large.wire_bytes:,} B) / "
+                    f"{SMALLEST_TENSOR_WORKLOAD} ({small.wire_bytes:,} B)",
+                    f"{ratio:.2f}x",
+                    f"<= {FLAT_DECODE_TARGET:.0f}x",
+                    "met" if ratio <= FLAT_DECODE_TARGET else "**missed**",
+                ]
+            )
+    memcpy = by_key.get(("memcpy", LARGEST_TENSOR_WORKLOAD, "memcpy"))
+    encode = by_key.get(("tensor", LARGEST_TENSOR_WORKLOAD, "encode"))
+    if memcpy and encode:
+        memcpy_rate = memcpy.wire_bytes / memcpy.median_s
+        encode_rate = memcpy.wire_bytes / encode.median_s  # tensor bytes moved per second
+        share = encode_rate / memcpy_rate
+        rows.append(
+            [
+                "`tensor` encode of the fp32 image moves bytes near memcpy speed",
+                f"{encode_rate / 1e9:.2f} GB/s vs memcpy {memcpy_rate / 1e9:.2f} GB/s",
+                f"{share:.0%}",
+                f">= {MEMCPY_TARGET:.0%}",
+                "met" if share >= MEMCPY_TARGET else "**missed**",
+            ]
+        )
+    wrapper = [r for r in results if r.op.startswith("codec-")]
+    direct = {(r.codec, r.workload, r.op): r for r in results if r.op.startswith("direct-")}
+    worst = None
+    for r in wrapper:
+        d = direct.get((r.codec, r.workload, r.op.replace("codec-", "direct-")))
+        if d:
+            ratio = r.median_s / d.median_s
+            if worst is None or ratio > worst[0]:
+                worst = (ratio, r)
+    if worst:
+        ratio, r = worst
+        rows.append(
+            [
+                "every codec's API costs little over the same work done directly",
+                f"worst: `{r.codec}` {r.op.removeprefix('codec-')} of `{r.workload}`",
+                f"{ratio:.3f}x",
+                f"<= {WRAPPER_TARGET}x",
+                "met" if ratio <= WRAPPER_TARGET else "**missed**",
+            ]
+        )
+    return rows
+
+
+def machine_section(raw: dict[str, Any]) -> str:
+    info = raw.get("machine_info", {})
+    cpu = info.get("cpu", {})
+    libraries = info.get("libraries", {})
+    lines = [
+        f"- run: {raw.get('datetime', '?')}, commit `{raw.get('commit_info', {}).get('id', '?')}`"
+        f"{' (dirty)' if raw.get('commit_info', {}).get('dirty') else ''}",
+        f"- CPU: {cpu.get('brand_raw', '?')}, {cpu.get('count', '?')} logical cores, "
+        f"{info.get('machine', '?')}",
+        f"- Python {info.get('python_version', '?')} ({info.get('python_implementation', '?')}),"
+        f" protobuf backend `{info.get('protobuf_backend', '?')}`",
+        "- libraries: " + ", ".join(f"{k} {v}" for k, v in libraries.items()),
+    ]
+    return "\n".join(lines)
+
+
+def render(results: list[Result], raw: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            "# inferwire results",
+            "",
+            "Generated by `inferwire report` from `raw/codecs.json`, the pytest-benchmark output "
+            "of `make bench`. Do not edit by hand: rerun.",
+            "",
+            "## Method",
+            "",
+            "- Every figure is the **median** of a run's rounds on one machine; `±` is the "
+            "interquartile range as a share of the median. Ratios compare figures of the same run.",
+            "- Token streams are timed whole, through each codec's stream encoder and decoder "
+            "(framing included, one `feed` per frame), and shown **per chunk** (total / chunks). "
+            "Embedding and tensor workloads are one message.",
+            "- *decode + read* also touches every field a client reads (arrays at their first and "
+            "last element), which is where lazy zero-copy views pay.",
+            "- Objects built before timing are frozen out of the GC and GC is off while timing.",
+            "- Every result was decoded and compared with the original; a wrong result fails "
+            "the run.",
+            "- JSON codecs carry OpenAI/KServe JSON (including OpenAI's per-token `bytes` "
+            "arrays when logprobs are on); binary codecs carry tensor data as raw bytes.",
+            "",
+            "## Targets",
+            "",
+            _table(["target", "measured as", "figure", "target", "verdict"], target_rows(results)),
+            "",
+            "## Codecs",
+            "",
+            codec_tables(results),
+            "## Wrapper cost",
+            "",
+            "*codec / direct*: the public API against the same conversion and library call written "
+            "out with no API layer. *library share*: the library call alone (on data already in "
+            "its native form: a prepared dict, a prebuilt protobuf message) as a share of the "
+            "codec's time; the rest is building those objects from, and back into, the model's "
+            "values, which serving code pays whichever way it calls the library.",
+            "",
+            wrapper_table(results),
+            "",
+            "## Machine",
+            "",
+            machine_section(raw),
+            "",
+        ]
+    )
+
+
+def write(raw_path: Path, out_dir: Path) -> Path:
+    results, raw = load(raw_path)
+    target = out_dir / "README.md"
+    target.write_text(render(results, raw))
+    return target

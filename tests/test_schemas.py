@@ -1,0 +1,99 @@
+"""The wire schemas: committed generated code matches its sources, and protobuf runs on upb."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import inferwire.schemas
+from inferwire.codecs import protobuf_codec
+from inferwire.schemas import generate
+from inferwire.schemas import inferwire_pb2 as pb
+
+SCHEMAS = Path(inferwire.schemas.__file__).resolve().parent
+PROTO_OUTPUTS = ["inferwire_pb2.py", "inferwire_pb2.pyi", "inferwire_pb2_grpc.py"]
+
+
+def _fb_files(root: Path) -> set[str]:
+    return {
+        p.relative_to(root).as_posix()
+        for p in (root / "fb").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("schemas")
+    generate.generate(out)
+    return out
+
+
+def test_generate_writes_every_committed_module(regenerated: Path) -> None:
+    for name in PROTO_OUTPUTS:
+        assert (regenerated / name).is_file(), name
+    assert _fb_files(regenerated) == _fb_files(SCHEMAS)
+    assert "fb/Envelope.py" in _fb_files(SCHEMAS)
+
+
+@pytest.mark.parametrize("name", [*PROTO_OUTPUTS, *sorted(_fb_files(SCHEMAS))])
+def test_committed_generated_code_is_what_the_generators_write(
+    regenerated: Path, name: str
+) -> None:
+    """Regenerating changes nothing: `make regen` was run after the last schema edit."""
+    committed = (SCHEMAS / name).read_bytes()
+    assert (regenerated / name).read_bytes() == committed, (
+        f"schemas/{name} differs from what schemas/generate.py writes: run `make regen`"
+    )
+
+
+def test_protobuf_runs_on_upb() -> None:
+    assert protobuf_codec.BACKEND == "upb"
+
+
+def test_the_proto_has_no_language_specific_options() -> None:
+    """Any protoc target can use the file: no `option` statements (py_*, java_*, go_package)."""
+    source = (SCHEMAS / "inferwire.proto").read_text(encoding="utf-8")
+    assert not re.findall(r"^\s*option\s", source, flags=re.MULTILINE)
+    assert pb.DESCRIPTOR.package == "inferwire.v1"
+    assert pb.DESCRIPTOR.GetOptions().ListFields() == []
+
+
+def test_the_grpc_service() -> None:
+    service = pb.DESCRIPTOR.services_by_name["Inference"]
+    methods = {m.name: m for m in service.methods}
+    assert set(methods) == {"Infer", "Generate", "Session"}
+    streaming = {name: (m.client_streaming, m.server_streaming) for name, m in methods.items()}
+    assert streaming == {
+        "Infer": (False, False),
+        "Generate": (False, True),
+        "Session": (True, True),
+    }
+    assert methods["Infer"].input_type.name == "InferRequest"
+    assert methods["Infer"].output_type.name == "InferResponse"
+    assert methods["Generate"].output_type.name == "TokenChunk"
+
+
+def test_the_proto_holds_the_whole_model() -> None:
+    for message in (
+        "TokenChunk",
+        "TokenLogprob",
+        "TopLogprob",
+        "Usage",
+        "EmbeddingBatch",
+        "Tensor",
+        "InferRequest",
+        "InferResponse",
+    ):
+        assert message in pb.DESCRIPTOR.message_types_by_name
+    logprob = pb.DESCRIPTOR.message_types_by_name["TopLogprob"].fields_by_name["logprob"]
+    assert logprob.type == logprob.TYPE_DOUBLE  # a float would not round trip a double
+
+
+def test_the_fbs_names_its_root_and_file_identifier() -> None:
+    source = (SCHEMAS / "inferwire.fbs").read_text(encoding="utf-8")
+    assert re.search(r"^root_type Envelope;", source, flags=re.MULTILINE)
+    assert re.search(r'^file_identifier "IWF1";', source, flags=re.MULTILINE)
+    assert "(python" not in source
