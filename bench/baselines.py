@@ -12,7 +12,6 @@ For every codec three levels are timed on the same message:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -89,9 +88,6 @@ def _msgspec_baseline(codec: msgspec_codec._MsgspecCodec) -> Baseline:
     )
 
 
-_json_encoder = json_codec._encoder
-
-
 def _tensor_direct_decode(data: bytes, type_: type[Any]) -> Any:
     return tensor_codec.decode_message(data, type_)
 
@@ -102,7 +98,7 @@ def _fb_library_decode(data: bytes, type_: type[Any]) -> Any:
 
 
 BASELINES: dict[str, Baseline] = {
-    "json": _dict_baseline(lambda o: _json_encoder.encode(o).encode(), json.loads, False),
+    "json": _dict_baseline(json_codec.dumps, json_codec.loads, False),
     "orjson": _dict_baseline(orjson.dumps, orjson.loads, False),
     "msgpack": _dict_baseline(
         lambda o: msgpack.packb(o, use_bin_type=True),

@@ -12,6 +12,8 @@ holds the baselines the issue's targets are ratios against (a plain memcpy).
 
 from __future__ import annotations
 
+import statistics
+import time
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ MATRIX = [
     if type(workloads.get(workload).messages()[0]) in ic.get(codec).types
 ]
 # One workload of each kind for the wrapper comparison, unary messages only.
+PAIRS = 41
 WRAPPER_WORKLOADS = ("stream-256-top5", "embed-32x1024", "image-fp32")
 WRAPPER = [
     (codec, workload)
@@ -123,6 +126,25 @@ def bench_codec(benchmark: Any, codec_name: str, workload: str, op: str) -> None
     _record(benchmark, codec_name, workload, op, wire, len(messages), correct)
 
 
+def paired_ratio(subject: Any, baseline: Any, pairs: int) -> float:
+    """Median over ``pairs`` back-to-back runs of ``subject`` time / ``baseline`` time.
+
+    Benchmarks timed one after the other drift with this machine's load and clock; a pair run
+    within milliseconds of each other, in alternating order, cancels most of that.
+    """
+    ratios = []
+    for i in range(pairs):
+        first, second = (subject, baseline) if i % 2 else (baseline, subject)
+        start = time.perf_counter()
+        first()
+        middle = time.perf_counter()
+        second()
+        end = time.perf_counter()
+        a, b = middle - start, end - middle
+        ratios.append(b / a if i % 2 == 0 else a / b)
+    return statistics.median(ratios)
+
+
 @pytest.mark.parametrize(("codec_name", "workload"), WRAPPER)
 @pytest.mark.parametrize(
     "level",
@@ -143,25 +165,36 @@ def bench_wrapper(benchmark: Any, codec_name: str, workload: str, level: str) ->
     type_ = type(messages[0])
     encoded = [codec.encode(m) for m in messages]
     benchmark.group = f"wrapper {codec_name} {workload}"
-    if level == "codec-encode":
-        out = benchmark(lambda: [codec.encode(m) for m in messages])
-        correct = out == encoded
-    elif level == "direct-encode":
-        out = benchmark(lambda: [baseline.direct_encode(m) for m in messages])
-        correct = out == encoded
-    elif level == "library-encode":
-        prepared = [baseline.prepare(m) for m in messages]
-        out = benchmark(lambda: [baseline.library_encode(p) for p in prepared])
-        correct = all(map(baseline.library_output_ok, out, encoded))
-    elif level == "codec-decode":
-        out = benchmark(lambda: [codec.decode(b, type_) for b in encoded])
-        correct = out == messages
-    elif level == "direct-decode":
-        out = benchmark(lambda: [baseline.direct_decode(b, type_) for b in encoded])
-        correct = out == messages
+    pairs = 1 if benchmark.disabled else PAIRS
+
+    prepared = [baseline.prepare(m) for m in messages]
+    levels = {
+        "codec-encode": lambda: [codec.encode(m) for m in messages],
+        "direct-encode": lambda: [baseline.direct_encode(m) for m in messages],
+        "library-encode": lambda: [baseline.library_encode(p) for p in prepared],
+        "codec-decode": lambda: [codec.decode(b, type_) for b in encoded],
+        "direct-decode": lambda: [baseline.direct_decode(b, type_) for b in encoded],
+        "library-decode": lambda: [baseline.library_decode(b, type_) for b in encoded],
+    }
+    out = benchmark(levels[level])
+    kind, op = level.split("-")
+    if kind == "library":
+        # native objects: the encoder's bytes are checked, a parse result only counted
+        correct = (
+            all(map(baseline.library_output_ok, out, encoded))
+            if op == "encode"
+            else len(out) == len(messages)
+        )
     else:
-        out = benchmark(lambda: [baseline.library_decode(b, type_) for b in encoded])
-        correct = len(out) == len(messages)  # native objects: nothing to compare with
+        correct = out == (encoded if op == "encode" else messages)
+    if kind == "codec":
+        codec_level = levels[level]
+        benchmark.extra_info["paired_ratio"] = paired_ratio(
+            codec_level, levels[f"direct-{op}"], pairs
+        )
+        benchmark.extra_info["paired_library_share"] = paired_ratio(
+            levels[f"library-{op}"], codec_level, pairs
+        )
     _record(benchmark, codec_name, workload, level, sum(map(len, encoded)), len(messages), correct)
 
 

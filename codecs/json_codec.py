@@ -13,12 +13,24 @@ from typing import Any, ClassVar
 from .base import BytesLike
 from .dictcodec import DictCodec, Framing
 
-_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-_decoder = json.JSONDecoder()
-
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+# One decoder, built once: json.loads with keyword arguments builds a new one per call.
+# parse_constant: the stdlib would otherwise accept NaN and Infinity.
+_decoder = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def dumps(obj: Any) -> bytes:
+    return _encoder.encode(obj).encode()
+
+
+def loads(data: BytesLike) -> Any:
+    # RFC 8259 section 8.1: JSON exchanged between systems is UTF-8.
+    return _decoder.decode(str(data, "utf-8"))
 
 
 class JsonCodec(DictCodec):
@@ -30,8 +42,7 @@ class JsonCodec(DictCodec):
     framings: ClassVar[tuple[Framing, ...]] = ("sse", "ndjson", "length-prefixed")
 
     def dumps(self, obj: Any) -> bytes:
-        return _encoder.encode(obj).encode()
+        return dumps(obj)
 
     def loads(self, data: BytesLike) -> Any:
-        # parse_constant: the stdlib would otherwise accept NaN and Infinity.
-        return json.loads(bytes(data), parse_constant=_reject_constant)
+        return loads(data)
