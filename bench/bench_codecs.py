@@ -30,13 +30,14 @@ MATRIX = [
     if type(workloads.get(workload).messages()[0]) in ic.get(codec).types
 ]
 # One workload of each kind for the wrapper comparison, unary messages only.
-PAIRS = 41
+PAIRS = 21
 WRAPPER_WORKLOADS = ("stream-256-top5", "embed-32x1024", "image-fp32")
+# The delta codec is a stream codec with no library underneath: it has no wrapper to weigh.
 WRAPPER = [
     (codec, workload)
     for workload in WRAPPER_WORKLOADS
     for codec in ic.names()
-    if type(workloads.get(workload).messages()[0]) in ic.get(codec).types
+    if codec in BASELINES and type(workloads.get(workload).messages()[0]) in ic.get(codec).types
 ]
 
 
@@ -192,6 +193,7 @@ def bench_wrapper(benchmark: Any, codec_name: str, workload: str, level: str) ->
         benchmark.extra_info["paired_ratio"] = paired_ratio(
             codec_level, levels[f"direct-{op}"], pairs
         )
+        benchmark.extra_info["pairs"] = pairs
         benchmark.extra_info["paired_library_share"] = paired_ratio(
             levels[f"library-{op}"], codec_level, pairs
         )
@@ -234,4 +236,44 @@ def bench_bytes_copy(benchmark: Any) -> None:
         len(out),
         1,
         np.array_equal(np.frombuffer(out, dtype=data.dtype).reshape(data.shape), data),
+    )
+
+
+DELTA_TIME_WORKLOADS = ("stream-256", "stream-256-top5")
+
+
+@pytest.mark.parametrize("workload", DELTA_TIME_WORKLOADS)
+def bench_delta_round_trip(benchmark: Any, workload: str) -> None:
+    """The delta codec's whole-stream encode + decode, paired against orjson's encode + decode
+    of the same chunks as OpenAI JSON (the delta time target is a ratio of the two)."""
+    messages = workloads.get(workload).messages()
+    delta = ic.get("delta")
+    orjson_codec = ic.get("orjson")
+
+    def delta_round_trip() -> list[Any]:
+        encoder = delta.stream_encoder()
+        decoder = delta.stream_decoder()
+        out: list[Any] = []
+        for message in messages:
+            out += decoder.feed(encoder.encode(message))
+        decoder.feed(encoder.end())
+        decoder.close()
+        return out
+
+    def orjson_round_trip() -> list[Any]:
+        return [orjson_codec.decode(orjson_codec.encode(m), ic.TokenChunk) for m in messages]
+
+    benchmark.group = f"targets {workload}"
+    out = benchmark(delta_round_trip)
+    benchmark.extra_info["paired_ratio"] = paired_ratio(
+        delta_round_trip, orjson_round_trip, 1 if benchmark.disabled else PAIRS
+    )
+    _record(
+        benchmark,
+        "delta",
+        workload,
+        "round-trip-vs-orjson",
+        sum(map(len, encode_stream(delta, messages))),
+        len(messages),
+        out == messages and orjson_round_trip() == messages,
     )

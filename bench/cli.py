@@ -7,6 +7,7 @@ inferwire report [--out results]            rebuild results/README.md from resul
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -53,9 +54,19 @@ def _bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return completed.returncode
+    _trim(raw_path)
     written = report.write(raw_path, out)
     print(f"wrote {written}")
     return 0
+
+
+def _trim(raw_path: Path) -> None:
+    """Drop each benchmark's list of every round's time: the statistics stay, and the file
+    shrinks from hundreds of MB to what can be committed."""
+    raw = json.loads(raw_path.read_text())
+    for bench in raw["benchmarks"]:
+        bench["stats"].pop("data", None)
+    raw_path.write_text(json.dumps(raw, indent=1))
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -18,12 +18,22 @@ from typing import Any, Final
 
 from .base import Codec
 from .errors import (
+    BadMagicError,
     CodecError,
+    CorruptRegistryError,
     DecodeError,
+    DuplicateFrameError,
     EncodeError,
     FrameTooLargeError,
+    IncompatibleSchemaError,
     IncompleteStreamError,
+    ReorderedFrameError,
+    SchemaError,
+    SchemaRegistryUnavailableError,
+    SequenceError,
+    SequenceGapError,
     UnknownCodecError,
+    UnknownSchemaError,
     VerificationError,
 )
 from .framing import DEFAULT_MAX_FRAME_BYTES, BytesLike, StreamDecoder, StreamEncoder
@@ -39,21 +49,44 @@ from .model import (
     TopLogprob,
     Usage,
 )
+from .registry import (
+    CachingResolver,
+    Compatibility,
+    RegisteredSchema,
+    Schema,
+    SchemaRegistry,
+    SchemaResolver,
+)
 
 __all__ = [
     "DATATYPES",
     "DEFAULT_MAX_FRAME_BYTES",
+    "BadMagicError",
     "BytesLike",
+    "CachingResolver",
     "Codec",
     "CodecError",
+    "Compatibility",
+    "CorruptRegistryError",
     "DecodeError",
+    "DuplicateFrameError",
     "EmbeddingBatch",
     "EncodeError",
     "FrameTooLargeError",
+    "IncompatibleSchemaError",
     "IncompleteStreamError",
     "InferRequest",
     "InferResponse",
     "Message",
+    "RegisteredSchema",
+    "ReorderedFrameError",
+    "Schema",
+    "SchemaError",
+    "SchemaRegistry",
+    "SchemaRegistryUnavailableError",
+    "SchemaResolver",
+    "SequenceError",
+    "SequenceGapError",
     "StreamDecoder",
     "StreamEncoder",
     "Tensor",
@@ -61,6 +94,7 @@ __all__ = [
     "TokenLogprob",
     "TopLogprob",
     "UnknownCodecError",
+    "UnknownSchemaError",
     "Usage",
     "VerificationError",
     "get",
@@ -78,6 +112,7 @@ _FACTORIES: Final[dict[str, tuple[str, str]]] = {
     "protobuf": ("protobuf_codec", "ProtobufCodec"),
     "flatbuffers": ("flatbuffers_codec", "FlatbuffersCodec"),
     "tensor": ("tensor_codec", "TensorCodec"),
+    "delta": ("delta_codec", "DeltaCodec"),
 }
 _instances: dict[str, Codec] = {}
 

@@ -46,3 +46,58 @@ class IncompleteStreamError(DecodeError):
 
 class VerificationError(DecodeError):
     """A zero-copy buffer failed verification (an offset, length or string out of bounds)."""
+
+
+class BadMagicError(DecodeError):
+    """The stream does not start with the expected magic byte: not this format at all."""
+
+
+class SequenceError(DecodeError):
+    """A frame's sequence number is not the next one: the stream is not whole and in order."""
+
+    def __init__(self, message: str, *, expected: int, received: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.received = received
+
+
+class SequenceGapError(SequenceError):
+    """Frames are missing: a frame arrived with a sequence number past the next one."""
+
+
+class DuplicateFrameError(SequenceError):
+    """A frame arrived whose sequence number was already delivered."""
+
+
+class ReorderedFrameError(SequenceError):
+    """A frame arrived ahead of its turn, and the one it skipped came right after it."""
+
+
+class SchemaError(CodecError):
+    """Root of the schema registry's errors."""
+
+
+class UnknownSchemaError(SchemaError, DecodeError):
+    """No schema is registered under this id (a stream naming it cannot be read)."""
+
+    def __init__(self, schema_id: int) -> None:
+        super().__init__(f"unknown schema id {schema_id}")
+        self.schema_id = schema_id
+
+
+class IncompatibleSchemaError(SchemaError):
+    """A schema breaks the subject's compatibility mode; ``violations`` names each rule broken."""
+
+    def __init__(self, message: str, violations: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.violations = violations
+
+
+class SchemaRegistryUnavailableError(SchemaError):
+    """The registry could not be reached. Retriable: a decoder keeps its unread bytes."""
+
+    retriable = True
+
+
+class CorruptRegistryError(SchemaError):
+    """A saved registry file is not valid: nothing was loaded from it."""

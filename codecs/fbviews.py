@@ -29,8 +29,10 @@ from .model import (
     Tensor,
     TokenChunk,
     TokenLogprob,
-    TopLogprob,
     Usage,
+    new_token_chunk,
+    new_token_logprob,
+    new_top_logprob,
 )
 from .openai import bytes_elements_from_raw
 
@@ -84,15 +86,15 @@ def _read_logprob(buf: Buffer, v: Verified, table: int) -> TokenLogprob:
     for i in range(length):
         top_token, top_logprob = _fields(v, _target(buf, start + 4 * i))
         alternatives.append(
-            TopLogprob(
-                token=v.strings.get(top_token, ""),
-                logprob=_F64(buf, top_logprob)[0] if top_logprob else 0.0,
+            new_top_logprob(
+                v.strings.get(top_token, ""),
+                _F64(buf, top_logprob)[0] if top_logprob else 0.0,
             )
         )
-    return TokenLogprob(
-        token=v.strings.get(token, ""),
-        logprob=_F64(buf, logprob)[0] if logprob else 0.0,
-        top=tuple(alternatives),
+    return new_token_logprob(
+        v.strings.get(token, ""),
+        _F64(buf, logprob)[0] if logprob else 0.0,
+        tuple(alternatives),
     )
 
 
@@ -192,17 +194,17 @@ class TokenChunkView(View):
         return _read_usage(self._buf, self._v, self._f(9))
 
     def materialize(self) -> TokenChunk:
-        return TokenChunk(
-            id=self.id,
-            model=self.model,
-            created=self.created,
-            index=self.index,
-            seq=self.seq,
-            token_ids=self.token_ids,
-            text=self.text,
-            logprobs=self.logprobs,
-            finish_reason=self.finish_reason,
-            usage=self.usage,
+        return new_token_chunk(
+            self.id,
+            self.model,
+            self.created,
+            self.index,
+            self.seq,
+            self.token_ids,
+            self.text,
+            self.logprobs,
+            self.finish_reason,
+            self.usage,
         )
 
 

@@ -22,9 +22,10 @@ from .model import (
     InferResponse,
     Tensor,
     TokenChunk,
-    TokenLogprob,
-    TopLogprob,
     Usage,
+    new_token_chunk,
+    new_token_logprob,
+    new_top_logprob,
 )
 
 M = TypeVar("M")
@@ -209,30 +210,28 @@ def chunk_from_struct(s: ChunkS) -> TokenChunk:
         raise DecodeError(f"expected one choice, got {len(s.choices)}")
     choice = s.choices[0]
     logprobs = choice.logprobs
-    return TokenChunk(
-        id=s.id,
-        model=s.model,
-        created=s.created,
-        index=choice.index,
-        seq=s.seq,
-        token_ids=tuple(choice.token_ids),
-        text=choice.delta.content,
-        logprobs=None
+    return new_token_chunk(
+        s.id,
+        s.model,
+        s.created,
+        choice.index,
+        s.seq,
+        tuple(choice.token_ids),
+        choice.delta.content,
+        None
         if logprobs is None
         else tuple(
             [
-                TokenLogprob(
-                    token=lp.token,
-                    logprob=lp.logprob,
-                    top=tuple(
-                        [TopLogprob(token=t.token, logprob=t.logprob) for t in lp.top_logprobs]
-                    ),
+                new_token_logprob(
+                    lp.token,
+                    lp.logprob,
+                    tuple([new_top_logprob(t.token, t.logprob) for t in lp.top_logprobs]),
                 )
                 for lp in logprobs.content
             ]
         ),
-        finish_reason=choice.finish_reason,
-        usage=_usage(s.usage),
+        choice.finish_reason,
+        _usage(s.usage),
     )
 
 

@@ -36,8 +36,10 @@ from .model import (
     Tensor,
     TokenChunk,
     TokenLogprob,
-    TopLogprob,
     Usage,
+    new_token_chunk,
+    new_token_logprob,
+    new_top_logprob,
 )
 
 CHUNK_OBJECT: Final = "chat.completion.chunk"
@@ -136,13 +138,10 @@ def _usage(obj: Any) -> Usage | None:
 
 
 def _token_logprob(obj: Obj) -> TokenLogprob:
-    return TokenLogprob(
-        token=_str(obj["token"]),
-        logprob=_float(obj["logprob"]),
-        top=tuple(
-            TopLogprob(token=_str(t["token"]), logprob=_float(t["logprob"]))
-            for t in obj["top_logprobs"]
-        ),
+    return new_token_logprob(
+        _str(obj["token"]),
+        _float(obj["logprob"]),
+        tuple(new_top_logprob(_str(t["token"]), _float(t["logprob"])) for t in obj["top_logprobs"]),
     )
 
 
@@ -156,19 +155,17 @@ def chunk_from_obj(obj: Obj) -> TokenChunk:
         if type(token_id) is not int:
             raise TypeError("token_ids must be integers")
     finish_reason = choice["finish_reason"]
-    return TokenChunk(
-        id=_str(obj["id"]),
-        model=_str(obj["model"]),
-        created=_int(obj["created"]),
-        index=_int(choice["index"]),
-        seq=_int(obj["seq"]),
-        token_ids=tuple(token_ids),
-        text=_str(choice["delta"]["content"]),
-        logprobs=None
-        if logprobs is None
-        else tuple([_token_logprob(lp) for lp in logprobs["content"]]),
-        finish_reason=None if finish_reason is None else _str(finish_reason),
-        usage=_usage(obj.get("usage")),
+    return new_token_chunk(
+        _str(obj["id"]),
+        _str(obj["model"]),
+        _int(obj["created"]),
+        _int(choice["index"]),
+        _int(obj["seq"]),
+        tuple(token_ids),
+        _str(choice["delta"]["content"]),
+        None if logprobs is None else tuple([_token_logprob(lp) for lp in logprobs["content"]]),
+        None if finish_reason is None else _str(finish_reason),
+        _usage(obj.get("usage")),
     )
 
 

@@ -27,9 +27,10 @@ from .model import (
     InferResponse,
     Tensor,
     TokenChunk,
-    TokenLogprob,
-    TopLogprob,
     Usage,
+    new_token_chunk,
+    new_token_logprob,
+    new_top_logprob,
 )
 
 M = TypeVar("M")
@@ -79,28 +80,28 @@ def chunk_to_pb(chunk: TokenChunk) -> pb.TokenChunk:
 
 
 def chunk_from_pb(msg: pb.TokenChunk) -> TokenChunk:
-    return TokenChunk(
-        id=msg.id,
-        model=msg.model,
-        created=msg.created,
-        index=msg.index,
-        seq=msg.seq,
-        token_ids=tuple(msg.token_ids),
-        text=msg.text,
-        logprobs=tuple(
+    return new_token_chunk(
+        msg.id,
+        msg.model,
+        msg.created,
+        msg.index,
+        msg.seq,
+        tuple(msg.token_ids),
+        msg.text,
+        tuple(
             [
-                TokenLogprob(
-                    token=lp.token,
-                    logprob=lp.logprob,
-                    top=tuple([TopLogprob(token=t.token, logprob=t.logprob) for t in lp.top]),
+                new_token_logprob(
+                    lp.token,
+                    lp.logprob,
+                    tuple([new_top_logprob(t.token, t.logprob) for t in lp.top]),
                 )
                 for lp in msg.logprobs.content
             ]
         )
         if msg.HasField("logprobs")
         else None,
-        finish_reason=msg.finish_reason if msg.HasField("finish_reason") else None,
-        usage=_usage(msg.usage, msg.HasField("usage")),
+        msg.finish_reason if msg.HasField("finish_reason") else None,
+        _usage(msg.usage, msg.HasField("usage")),
     )
 
 

@@ -20,6 +20,9 @@ HERE = Path(__file__).resolve().parent
 PROTO = HERE / "inferwire.proto"
 FBS = HERE / "inferwire.fbs"
 PROTO_OUTPUTS = ("inferwire_pb2.py", "inferwire_pb2.pyi", "inferwire_pb2_grpc.py")
+# The delta codec's schema versions ship as descriptor sets: the registry stores exactly these
+# bytes, and the codec builds its message classes from them at run time.
+DELTA_VERSIONS = ("delta_v1", "delta_v2")
 FB_PACKAGE = "fb"
 
 
@@ -58,6 +61,16 @@ def generate(out: Path) -> None:
             raise SystemExit("protoc failed")
         for name in PROTO_OUTPUTS:
             shutil.copyfile(gen / "inferwire" / "schemas" / name, out / name)
+        for version in DELTA_VERSIONS:
+            shutil.copyfile(HERE / f"{version}.proto", staged / f"{version}.proto")
+            descriptor_set = out / f"{version}.binpb"
+            if protoc.main([
+                "grpc_tools.protoc",
+                f"-I{tmp / 'src'}",
+                f"--descriptor_set_out={descriptor_set}",
+                f"inferwire/schemas/{version}.proto",
+            ]) != 0:
+                raise SystemExit(f"protoc failed on {version}.proto")
 
         fb_gen = tmp / "fbgen"
         subprocess.run([_flatc(), "--python", "-o", str(fb_gen), str(FBS)], check=True)
