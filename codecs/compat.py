@@ -15,7 +15,8 @@ the protobuf language guide's "updating a message type" advice
 - ``FIELD_ONEOF_CHANGED``: a field moved into, out of, or between oneofs.
 - ``FIELD_REMOVED_NOT_RESERVED``: a newer schema dropped a field without reserving its number,
   so a later version could reuse it.
-- ``FIELD_USES_RESERVED_NUMBER``: a field takes a number the other version reserved.
+- ``FIELD_USES_RESERVED_NUMBER``: a newer schema uses a number the older one reserved (older
+  data may carry it with its retired meaning).
 """
 
 from __future__ import annotations
@@ -129,14 +130,17 @@ def check(writer: Messages, reader: Messages, *, reader_is_newer: bool) -> list[
                         f"oneof {_oneof(written, field)} became {_oneof(read, other)}",
                     )
                 )
-        written_numbers = {f.number for f in written.field}
-        violations.extend(
-            Violation(
-                FIELD_USES_RESERVED_NUMBER,
-                f"{name}.{field.name} = {field.number}",
-                "number reserved by the other version",
+        # A retired number matters when a newer reader meets older data: that data may carry
+        # the number with its old meaning. An older reader just skips it as unknown.
+        if reader_is_newer:
+            written_numbers = {f.number for f in written.field}
+            violations.extend(
+                Violation(
+                    FIELD_USES_RESERVED_NUMBER,
+                    f"{name}.{field.name} = {field.number}",
+                    "number reserved by the older version",
+                )
+                for field in read.field
+                if field.number not in written_numbers and _reserved(written, field.number)
             )
-            for field in read.field
-            if field.number not in written_numbers and _reserved(written, field.number)
-        )
     return violations

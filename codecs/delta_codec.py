@@ -44,8 +44,10 @@ Unary ``encode``/``decode`` carry one chunk as a header and one frame.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, ClassVar, Final, TypeVar, cast
 
@@ -154,14 +156,6 @@ def _token_varint(token_id: int) -> bytes:
 _DOUBLE = pbwire.DOUBLE.pack
 
 
-def _text_field(table: _Table, ref_key: bytes, text_key: bytes, text: str) -> bytes:
-    ref = table.ref(text)
-    if ref:
-        return ref_key + _varint(ref)
-    raw = text.encode()
-    return text_key + _varint(len(raw)) + raw if raw else b""
-
-
 def _same_float(a: float, b: float) -> bool:
     return a == b and (a != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b))
 
@@ -195,8 +189,9 @@ def _ref_or_literal(table: _Table, text: str) -> tuple[int, bytes]:
     found = table.index.get(text)
     if found is not None:
         return found + 1, b""
+    raw = text.encode()  # first: text that cannot be encoded must not join the table
     table.ref(text)
-    return 0, text.encode()
+    return 0, raw
 
 
 def _logprob(table: _Table, lp: TokenLogprob) -> bytes:
@@ -320,8 +315,11 @@ class DeltaStreamEncoder:
                 if ref is not None:
                     text_field = b"\x18" + _varint(ref + 1)
                 elif text:
+                    try:
+                        raw = text.encode()
+                    except UnicodeEncodeError as exc:  # nothing written, nothing added
+                        raise EncodeError(f"delta: text is not valid Unicode: {exc}") from exc
                     table.ref(text)
-                    raw = text.encode()
                     text_field = b"\x22" + _varint(len(raw)) + raw
                 else:
                     text_field = b""
@@ -361,6 +359,8 @@ class DeltaStreamEncoder:
         if base is None:
             if not -(1 << 63) <= chunk.created < 1 << 63:
                 raise EncodeError("created does not fit in int64")
+            if not 0 <= chunk.index < _UINT32:
+                raise EncodeError("index is a uint32")
             head = self._header(chunk)
             self._base = (chunk.id, chunk.model, chunk.created, chunk.index)
             self._base_seq = self._next_seq = chunk.seq
@@ -394,8 +394,8 @@ class DeltaStreamEncoder:
         if found is not None:
             frame += b"\x18" + _varint(found + 1)
         elif text:
-            table.ref(text)
             raw = text.encode()
+            table.ref(text)
             frame += b"\x22" + _varint(len(raw)) + raw
         if chunk.logprobs is not None:
             frame += b"\x28\x01" + b"".join(
@@ -408,6 +408,11 @@ class DeltaStreamEncoder:
             raw = chunk.finish_reason.encode()
             frame += b"\x3a" + _varint(len(raw)) + raw
         if chunk.usage is not None:
+            if not (
+                0 <= chunk.usage.prompt_tokens < _UINT32
+                and 0 <= chunk.usage.completion_tokens < _UINT32
+            ):
+                raise EncodeError("usage counts are uint32")
             usage = (
                 b"\x08"
                 + _varint(chunk.usage.prompt_tokens)
@@ -461,7 +466,9 @@ def _parse_header(data: bytes) -> tuple[str, str, int, int, int]:
             if field == 3:
                 created = _int64(value)
             elif field == 4:
-                index = value & 0xFFFFFFFF
+                if value >= _UINT32:
+                    raise DecodeError("index over 32 bits")
+                index = value
             else:
                 base_seq = value
         else:
@@ -577,10 +584,12 @@ def _parse_frame(
     header: tuple[str, str, int, int, int],
     table: _Table,
     usage_known: bool,
-) -> TokenChunk:
+    in_sequence: Callable[[int], bool],
+) -> TokenChunk | None:
     """The chunk of the frame in ``data[pos:end]``. Fields may come in any order; strings
     resolve in the table's order (text first, then each logprob), as the encoder assigned them.
-    One-byte varints are read inline: they are most keys and values here."""
+    One-byte varints are read inline: they are most keys and values here. ``None`` when
+    ``in_sequence`` holds the frame back (it may be the first of a swapped pair)."""
     offset = 0
     token_ids: list[int] = []
     text_ref = 0
@@ -633,6 +642,11 @@ def _parse_frame(
             pos = pbwire.skip(data, pos, end, tag & 7)
     if token_ids and max(token_ids) >= _UINT32:
         raise DecodeError("token id over 32 bits")
+    id_, model, created, index, base_seq = header
+    # Order before strings: a frame out of turn raises (or is held) before it can touch the
+    # string table, so a gap is reported as a gap, not as a bad string ref.
+    if not in_sequence(base_seq + offset):
+        return None
     if text_ref:
         text = table.get(text_ref)
     elif text is None:
@@ -642,7 +656,6 @@ def _parse_frame(
     logprobs = None
     if has_logprobs or logprob_spans:
         logprobs = tuple([_parse_logprob(data, a, b, table) for a, b in logprob_spans])
-    id_, model, created, index, base_seq = header
     return new_token_chunk(
         id_,
         model,
@@ -665,9 +678,13 @@ def _parse_usage(data: bytes, pos: int, end: int) -> Usage:
         if field in (1, 2) and wire == pbwire.VARINT:
             value, pos = pbwire.read_varint(data, pos, end)
             if field == 1:
-                prompt = value & 0xFFFFFFFF
+                if value >= _UINT32:
+                    raise DecodeError("usage count over 32 bits")
+                prompt = value
             else:
-                completion = value & 0xFFFFFFFF
+                if value >= _UINT32:
+                    raise DecodeError("usage count over 32 bits")
+                completion = value
         else:
             pos = pbwire.skip(data, pos, end, wire)
     return Usage(prompt_tokens=prompt, completion_tokens=completion)
@@ -722,12 +739,13 @@ class DeltaStreamDecoder:
                 fast = _fast_frame(view, pos, end, strings) if fast_ok else None
                 if fast is not None:
                     offset, token_id, text, pos, literal = fast
-                    if literal:
-                        table.add(text)
                     seq = header[4] + offset
+                    # order first: a frame out of turn must not touch the string table
                     if (
                         seq == header[4] + self.count + len(out) and self._pending_gap is None
                     ) or self._in_sequence(seq, len(out)):
+                        if literal:
+                            table.add(text)
                         out.append(
                             new_token_chunk(
                                 header[0],
@@ -762,11 +780,18 @@ class DeltaStreamDecoder:
                 frame_end = body + length - 1
                 if frame_end > end:
                     break
-                chunk = _parse_frame(view, body, frame_end, header, self._table, self._usage_known)
+                delivered = len(out)
+                chunk = _parse_frame(
+                    view,
+                    body,
+                    frame_end,
+                    header,
+                    table,
+                    self._usage_known,
+                    functools.partial(self._in_sequence, delivered_now=delivered),
+                )
                 pos = frame_end
-                if (
-                    chunk.seq == header[4] + self.count + len(out) and self._pending_gap is None
-                ) or self._in_sequence(chunk.seq, len(out)):
+                if chunk is not None:
                     out.append(chunk)
         finally:
             self.count += len(out)
@@ -834,6 +859,14 @@ class DeltaStreamDecoder:
                 received=received,
             )
         arrived = self.count + delivered_now
+        if sent > arrived:
+            assert self._header is not None
+            next_seq = self._header[4] + arrived
+            raise SequenceGapError(
+                f"stream sent {sent} chunks, {arrived} arrived: the last are missing",
+                expected=next_seq,
+                received=self._header[4] + sent - 1,
+            )
         if sent != arrived:
             raise DecodeError(f"stream sent {sent} chunks, {arrived} arrived")
 
@@ -951,9 +984,13 @@ class DeltaCodec(Codec):
         """Check the writer's schema against ours; whether frames may carry usage."""
         if schema_id not in self._compatible:
             writer = self.resolver.resolve(schema_id)  # Unknown/Unavailable propagate
-            violations = compat.check(
-                compat.messages(writer.parsed()), self._reader, reader_is_newer=False
-            )
+            messages = compat.messages(writer.parsed())
+            if not {"inferwire.delta.Header", "inferwire.delta.Frame"} <= messages.keys():
+                # compat.check compares shared messages only: an unrelated schema shares none
+                raise IncompatibleSchemaError(
+                    f"schema {schema_id} is not a delta schema (no inferwire.delta.Frame)"
+                )
+            violations = compat.check(messages, self._reader, reader_is_newer=False)
             if violations:
                 raise IncompatibleSchemaError(
                     f"writer schema {schema_id} cannot be read with this reader schema: "

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf import message as pb_message
 
 from . import compat
@@ -81,6 +81,22 @@ class Schema:
         if not parsed.file:
             raise SchemaError("a schema holds at least one .proto file")
         return parsed
+
+    def build(self) -> descriptor_pool.DescriptorPool:
+        """A descriptor pool holding the schema; :class:`SchemaError` if protobuf cannot build
+        it (an unresolved type, a duplicate name...)."""
+        pool = descriptor_pool.DescriptorPool()
+        for file in self.parsed().file:
+            try:
+                pool.Add(file)
+            except (TypeError, ValueError, KeyError) as exc:
+                raise SchemaError(f"schema does not build: {exc}") from exc
+        for file in self.parsed().file:
+            try:
+                pool.FindFileByName(file.name)
+            except (TypeError, ValueError, KeyError) as exc:
+                raise SchemaError(f"schema does not build: {exc}") from exc
+        return pool
 
     def canonical(self) -> bytes:
         """The schema without source comments, serialized deterministically: its identity."""
@@ -189,6 +205,8 @@ class SchemaRegistry:
             ids = self._subjects.get(subject, [])
             if schema_id is not None and schema_id in ids:
                 return schema_id  # already a version of this subject
+            if schema_id is None:
+                schema.build()  # a schema protobuf cannot build is no schema
             violations = self.check(subject, schema)
             if violations:
                 rules = ", ".join(sorted({v.rule for v in violations}))
@@ -252,8 +270,8 @@ class SchemaRegistry:
         try:
             data = json.loads(Path(path).read_bytes())
             return cls._from_json(data)
-        except CorruptRegistryError:
-            raise
+        except CorruptRegistryError as exc:
+            raise CorruptRegistryError(f"{path}: {exc}") from exc
         except (
             ValueError,
             TypeError,

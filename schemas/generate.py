@@ -64,12 +64,17 @@ def generate(out: Path) -> None:
         for version in DELTA_VERSIONS:
             shutil.copyfile(HERE / f"{version}.proto", staged / f"{version}.proto")
             descriptor_set = out / f"{version}.binpb"
-            if protoc.main([
-                "grpc_tools.protoc",
-                f"-I{tmp / 'src'}",
-                f"--descriptor_set_out={descriptor_set}",
-                f"inferwire/schemas/{version}.proto",
-            ]) != 0:
+            if (
+                protoc.main(
+                    [
+                        "grpc_tools.protoc",
+                        f"-I{tmp / 'src'}",
+                        f"--descriptor_set_out={descriptor_set}",
+                        f"inferwire/schemas/{version}.proto",
+                    ]
+                )
+                != 0
+            ):
                 raise SystemExit(f"protoc failed on {version}.proto")
 
         fb_gen = tmp / "fbgen"

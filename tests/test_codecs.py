@@ -7,6 +7,7 @@ well-formed value: never another exception type.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
@@ -271,6 +272,49 @@ def test_any_token_chunk_round_trips(name: str, chunk: ic.TokenChunk) -> None:
     assert float_bits(decoded) == float_bits(chunk)
 
 
+@st.composite
+def token_streams(
+    draw: st.DrawFn, floats: st.SearchStrategy[float] = finite, max_chunks: int = 5
+) -> list[ic.TokenChunk]:
+    """The chunks of one response, as every stream encoder takes them (the delta codec
+    requires it): one id, model, created time and choice index, and consecutive sequence
+    numbers from anywhere."""
+    steps = draw(st.lists(token_chunks(floats), max_size=max_chunks))
+    if not steps:
+        return []
+    first = steps[0]
+    start = draw(st.integers(0, 2**64 - len(steps)))
+    return [
+        dataclasses.replace(
+            step,
+            id=first.id,
+            model=first.model,
+            created=first.created,
+            index=first.index,
+            seq=start + offset,
+        )
+        for offset, step in enumerate(steps)
+    ]
+
+
+@pytest.mark.parametrize("name", CHUNK_CODECS)
+@settings(max_examples=40)
+@given(chunks=token_streams(), data=st.data())
+def test_any_token_stream_round_trips_in_any_split(
+    name: str, chunks: list[ic.TokenChunk], data: st.DataObject
+) -> None:
+    codec = ic.get(name)
+    stream = b"".join(encode_stream(codec, chunks))
+    points = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12), label="splits"))
+    decoder = codec.stream_decoder(ic.TokenChunk)
+    decoded = []
+    for start, end in zip([0, *points], [*points, len(stream)], strict=True):
+        decoded += decoder.feed(stream[start:end])
+    decoder.close()
+    assert [as_model(c) for c in decoded] == chunks
+    assert [float_bits(as_model(c)) for c in decoded] == [float_bits(c) for c in chunks]
+
+
 @pytest.mark.parametrize("name", TENSOR_CODECS)
 @settings(max_examples=60)
 @given(message=infer_messages | embedding_batches)
@@ -441,7 +485,8 @@ def test_binary_codecs_keep_every_float_bit(name: str, chunk: ic.TokenChunk) -> 
 # -- integers and text ---------------------------------------------------------------------
 
 # The token ids each codec carries: JSON numbers have no limit (stdlib json, msgspec) or a
-# 64-bit one (orjson); MessagePack integers are 64-bit; protobuf and FlatBuffers use uint32.
+# 64-bit one (orjson); MessagePack integers are 64-bit; protobuf, FlatBuffers and the delta
+# codec (a protobuf Frame) use uint32.
 TOKEN_ID_RANGE = {
     "json": (-math.inf, math.inf),
     "msgspec-json": (-math.inf, math.inf),
@@ -450,6 +495,7 @@ TOKEN_ID_RANGE = {
     "msgspec-msgpack": (-(2**63), 2**64 - 1),
     "protobuf": (0, 2**32 - 1),
     "flatbuffers": (0, 2**32 - 1),
+    "delta": (0, 2**32 - 1),
 }
 TOKEN_IDS = [
     -(2**64),
@@ -488,12 +534,25 @@ def test_token_ids_each_codec_carries(name: str, token_id: int) -> None:
 
 
 INT_FIELDS = ["created", "index", "seq", "token_ids", "prompt_tokens", "completion_tokens"]
+# Just past each width a format uses (int32, uint32, int64, uint64): found by hypothesis only
+# by luck, so each is checked on every field too.
+INT_BOUNDARIES = [
+    -(2**63) - 1,
+    -(2**63),
+    -(2**31) - 1,
+    -1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**63 - 1,
+    2**63,
+    2**64 - 1,
+    2**64,
+]
 
 
-@pytest.mark.parametrize("name", CHUNK_CODECS)
-@given(field=st.sampled_from(INT_FIELDS), value=st.integers(-(2**70), 2**70))
-def test_any_integer_round_trips_or_is_an_encode_error(name: str, field: str, value: int) -> None:
-    codec = ic.get(name)
+def _check_integer(codec: ic.Codec, field: str, value: int) -> None:
+    """A chunk with ``value`` in ``field`` round trips, or encoding it is refused: never wraps."""
     chunk = ic.TokenChunk(id="c", model="m", created=1, index=0, seq=0, token_ids=(1,), text="a")
     if field == "token_ids":
         chunk = ic.TokenChunk(**{**_fields(chunk), "token_ids": (value,)})
@@ -507,6 +566,19 @@ def test_any_integer_round_trips_or_is_an_encode_error(name: str, field: str, va
     except ic.EncodeError:
         return  # a value out of the format's range: refused, never wrapped
     assert codec.decode(data, ic.TokenChunk) == chunk
+
+
+@pytest.mark.parametrize("name", CHUNK_CODECS)
+@given(field=st.sampled_from(INT_FIELDS), value=st.integers(-(2**70), 2**70))
+def test_any_integer_round_trips_or_is_an_encode_error(name: str, field: str, value: int) -> None:
+    _check_integer(ic.get(name), field, value)
+
+
+@pytest.mark.parametrize("name", CHUNK_CODECS)
+@pytest.mark.parametrize("field", INT_FIELDS)
+def test_integers_at_each_width_round_trip_or_are_encode_errors(name: str, field: str) -> None:
+    for value in INT_BOUNDARIES:
+        _check_integer(ic.get(name), field, value)
 
 
 def _fields(chunk: ic.TokenChunk) -> dict[str, Any]:

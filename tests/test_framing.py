@@ -3,10 +3,15 @@
 A stream decoder is sans-IO: what it returns must not depend on how the bytes were split, a
 strict prefix of a stream is "need more bytes" until ``close()``, which then raises, and a
 frame over ``max_frame_bytes`` is refused from what has arrived, before it is buffered whole.
+
+Most binary codecs share one framing (a kind byte and a 4-byte length); the delta codec frames
+its own stream (a header with a schema id, then varint lengths). The properties are checked on
+every codec; the byte layouts only where they apply.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import struct
@@ -21,6 +26,8 @@ from hypothesis import strategies as st
 
 import inferwire.codecs as ic
 from inferwire.bench import workloads
+from inferwire.codecs.delta_codec import DeltaCodec
+from inferwire.codecs.framing import LengthPrefixedEncoder
 
 NAMES = ic.names()
 JSON_CODECS = [n for n in NAMES if ic.get(n).media_type == "application/json"]
@@ -48,11 +55,90 @@ def _framing(spec: str) -> str:
 FRAME_OVERHEAD = {"sse": 2, "ndjson": 1, "length-prefixed": 5}  # "\n\n", "\n", kind + length
 
 
+def shared_length_prefixed(codec: ic.Codec) -> bool:
+    """Whether the codec's streams use framing.py's binary frames: kind byte, 4-byte length,
+    and an end frame carrying an 8-byte count. (The delta codec has its own.)"""
+    return isinstance(codec.stream_encoder(), LengthPrefixedEncoder)
+
+
+SHARED_LP_CODECS = [n for n in BINARY_CODECS if shared_length_prefixed(ic.get(n))]
+
+
+def varint(value: int) -> bytes:
+    """A protobuf base-128 varint, as the delta codec writes its lengths."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def as_delta(codec: ic.Codec) -> DeltaCodec:
+    assert isinstance(codec, DeltaCodec), codec
+    return codec
+
+
+def delta_header(codec: ic.Codec, body: bytes = b"") -> bytes:
+    """A delta stream's header: magic 0x00, the 4-byte big-endian schema id, a Header message."""
+    return b"\x00" + struct.pack(">I", as_delta(codec).schema_id) + varint(len(body)) + body
+
+
+def length_claims(codec: ic.Codec, size: int) -> dict[str, bytes]:
+    """For each length field of the codec's framing, the first bytes of a stream in which that
+    field declares a payload of ``size`` bytes."""
+    if shared_length_prefixed(codec):
+        return {
+            "message frame": struct.pack(">BI", 0, size),
+            "end frame": struct.pack(">BI", 1, size),
+        }
+    return {
+        "header": delta_header(codec)[:5] + varint(size),
+        "frame": delta_header(codec) + varint(size + 1),  # a delta frame sends length + 1
+    }
+
+
+def frame_prefix(codec: ic.Codec, size: int) -> bytes:
+    """The bytes before a message frame's payload of ``size`` bytes, mid-stream."""
+    if shared_length_prefixed(codec):
+        return struct.pack(">BI", 0, size)
+    return varint(size + 1)
+
+
+def payload_sizes(spec: str, frames: list[bytes]) -> list[int]:
+    """The size of each payload a stream's length fields declare (max_frame_bytes limits each)."""
+    codec = codec_of(spec)
+    if isinstance(codec, DeltaCodec):
+        stream = b"".join(frames)
+        header_size, pos = read_varint(stream, 5)
+        sizes = [header_size]
+        pos += header_size
+        while (declared := read_varint(stream, pos))[0]:
+            sizes.append(declared[0] - 1)
+            pos = declared[1] + declared[0] - 1
+        return sizes
+    overhead = FRAME_OVERHEAD[_framing(spec)]
+    return [len(f) - overhead for f in frames[:-1]]
+
+
 def small_messages(codec: ic.Codec, count: int = 4) -> list[Any]:
-    """A few small messages the codec carries: token chunks, else tensor responses."""
+    """A few small messages the codec carries: token chunks (one response's first chunks and
+    its last, with finish reason and usage, numbered on), else tensor responses."""
     if ic.TokenChunk in codec.types:
-        chunks = workloads.get("stream-16-top5").messages()
-        return [*chunks[: count - 1], chunks[-1]]
+        chunks: list[Any] = workloads.get("stream-16-top5").messages()
+        last = dataclasses.replace(chunks[-1], seq=chunks[count - 1].seq)
+        return [*chunks[: count - 1], last]
     return [
         ic.InferResponse(
             model="m",
@@ -222,15 +308,17 @@ def test_single_byte_corruptions_of_a_stream(spec: str) -> None:
 # -- frame limits ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", BINARY_CODECS)
-@pytest.mark.parametrize("kind", [0, 1])
-def test_a_frame_header_claiming_4_gib_is_refused_without_allocating(name: str, kind: int) -> None:
+LENGTH_FIELDS = [(n, field) for n in BINARY_CODECS for field in length_claims(ic.get(n), 0)]
+
+
+@pytest.mark.parametrize(("name", "field"), LENGTH_FIELDS)
+def test_a_length_claiming_4_gib_is_refused_without_allocating(name: str, field: str) -> None:
     codec = ic.get(name)
     decoder = codec.stream_decoder(_type(codec))
     tracemalloc.start()
     try:
         with pytest.raises(ic.FrameTooLargeError) as info:
-            decoder.feed(bytes([kind]) + b"\xff\xff\xff\xff")
+            decoder.feed(length_claims(codec, 2**32 - 1)[field])
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -240,22 +328,23 @@ def test_a_frame_header_claiming_4_gib_is_refused_without_allocating(name: str, 
 
 
 @pytest.mark.parametrize("name", BINARY_CODECS)
-def test_an_oversized_header_is_refused_as_soon_as_it_is_whole(name: str) -> None:
+def test_an_oversized_length_is_refused_as_soon_as_it_is_whole(name: str) -> None:
     codec = ic.get(name)
     messages = small_messages(codec, 2)
     decoder = codec.stream_decoder(_type(codec))
-    assert decoder.feed(b"".join(frames_of(codec, messages)[:-1]) + b"\x00\xff") == messages
+    claim = frame_prefix(codec, 2**32 - 1)
+    assert decoder.feed(b"".join(frames_of(codec, messages)[:-1]) + claim[:2]) == messages
     with pytest.raises(ic.FrameTooLargeError):
-        decoder.feed(b"\xff\xff\xff")
+        decoder.feed(claim[2:])
 
 
-@pytest.mark.parametrize("name", BINARY_CODECS)
-def test_the_default_limit_is_64_mib(name: str) -> None:
+@pytest.mark.parametrize(("name", "field"), [(n, f) for n, f in LENGTH_FIELDS if f != "end frame"])
+def test_the_default_limit_is_64_mib(name: str, field: str) -> None:
     codec = ic.get(name)
-    at_limit = struct.pack(">BI", 0, 64 * MiB)
+    at_limit = length_claims(codec, 64 * MiB)[field]
     assert codec.stream_decoder(_type(codec)).feed(at_limit) == []  # needs more, no error
     with pytest.raises(ic.FrameTooLargeError):
-        codec.stream_decoder(_type(codec)).feed(struct.pack(">BI", 0, 64 * MiB + 1))
+        codec.stream_decoder(_type(codec)).feed(length_claims(codec, 64 * MiB + 1)[field])
 
 
 @pytest.mark.parametrize("spec", FRAMED)
@@ -267,7 +356,7 @@ def test_max_frame_bytes_holds_in_any_split(spec: str, data: st.DataObject) -> N
     (message,) = small_messages(codec, 1)
     frames = frames_of(codec, [message])
     stream = b"".join(frames)
-    size = len(frames[0]) - FRAME_OVERHEAD[_framing(spec)]
+    size = max(payload_sizes(spec, frames))
     points = data.draw(st.lists(st.integers(0, len(stream)), max_size=8), label="split points")
     pieces = split_at(stream, points)
     decoder = codec.stream_decoder(_type(codec), max_frame_bytes=size)
@@ -302,7 +391,7 @@ def test_max_frame_bytes_must_be_positive(spec: str, limit: int) -> None:
         codec.stream_decoder(_type(codec), max_frame_bytes=limit)
 
 
-# -- length-prefixed frames ------------------------------------------------------------------
+# -- framing.py's length-prefixed frames (the delta codec's own: tests/test_delta.py) ---------
 
 
 def _binary_stream(name: str) -> tuple[ic.Codec, list[Any], list[bytes]]:
@@ -311,7 +400,7 @@ def _binary_stream(name: str) -> tuple[ic.Codec, list[Any], list[bytes]]:
     return codec, messages, frames_of(codec, messages)
 
 
-@pytest.mark.parametrize("name", BINARY_CODECS)
+@pytest.mark.parametrize("name", SHARED_LP_CODECS)
 def test_length_prefixed_frames_are_kind_length_payload(name: str) -> None:
     codec, messages, frames = _binary_stream(name)
     for frame, message in zip(frames, messages, strict=False):
@@ -321,7 +410,7 @@ def test_length_prefixed_frames_are_kind_length_payload(name: str) -> None:
     assert frames[-1] == b"\x01\x00\x00\x00\x08" + struct.pack(">Q", len(messages))
 
 
-@pytest.mark.parametrize("name", BINARY_CODECS)
+@pytest.mark.parametrize("name", SHARED_LP_CODECS)
 @pytest.mark.parametrize("count", [0, 1, 3, 2**64 - 1])
 def test_an_end_frame_counting_other_than_what_arrived(name: str, count: int) -> None:
     codec, _, frames = _binary_stream(name)
@@ -330,7 +419,7 @@ def test_an_end_frame_counting_other_than_what_arrived(name: str, count: int) ->
         codec.stream_decoder(_type(codec)).feed(b"".join(frames[:-1]) + end)
 
 
-@pytest.mark.parametrize("name", BINARY_CODECS)
+@pytest.mark.parametrize("name", SHARED_LP_CODECS)
 @pytest.mark.parametrize("length", [0, 7, 9, 16])
 def test_an_end_frame_of_the_wrong_length(name: str, length: int) -> None:
     codec, _, frames = _binary_stream(name)
@@ -339,7 +428,7 @@ def test_an_end_frame_of_the_wrong_length(name: str, length: int) -> None:
         codec.stream_decoder(_type(codec)).feed(b"".join(frames[:-1]) + end)
 
 
-@pytest.mark.parametrize("name", BINARY_CODECS)
+@pytest.mark.parametrize("name", SHARED_LP_CODECS)
 @pytest.mark.parametrize("kind", [2, 0x7F, 0x80, 0xFF])
 def test_an_unknown_frame_kind(name: str, kind: int) -> None:
     codec, _, frames = _binary_stream(name)
@@ -347,7 +436,7 @@ def test_an_unknown_frame_kind(name: str, kind: int) -> None:
         codec.stream_decoder(_type(codec)).feed(bytes([kind]) + frames[0][1:])
 
 
-@pytest.mark.parametrize("name", BINARY_CODECS)
+@pytest.mark.parametrize("name", SHARED_LP_CODECS)
 def test_a_frame_that_is_not_a_message(name: str) -> None:
     codec = ic.get(name)
     with pytest.raises(ic.DecodeError):
@@ -515,10 +604,12 @@ def test_ndjson_accepts_crlf_lines(name: str) -> None:
     decoder.close()
 
 
-def test_decoders_hold_no_state_between_streams() -> None:
-    codec = ic.get("protobuf")
+@pytest.mark.parametrize("spec", FRAMED)
+def test_decoders_and_encoders_hold_no_state_between_streams(spec: str) -> None:
+    codec = codec_of(spec)
     messages = small_messages(codec, 2)
+    assert frames_of(codec, messages) == frames_of(codec, messages)
     stream = b"".join(frames_of(codec, messages))
-    first, second = codec.stream_decoder(), codec.stream_decoder()
+    first, second = codec.stream_decoder(_type(codec)), codec.stream_decoder(_type(codec))
     assert first.feed(stream) == messages
     assert second.feed(stream) == messages

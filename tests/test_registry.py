@@ -28,6 +28,7 @@ def test_names_are_the_registered_codecs_in_a_stable_order() -> None:
         "protobuf",
         "flatbuffers",
         "tensor",
+        "delta",
     ]
     assert ic.names() is not ic.names()  # a copy: callers cannot change the registry
 
@@ -51,15 +52,17 @@ def test_stream_media_type_names_the_framing(name: str) -> None:
     if name in JSON_CODECS:
         assert codec.media_type == "application/json"
         assert codec.stream_media_type == "text/event-stream"
+    elif name == "delta":  # its own framing: a header naming the schema, then varint frames
+        assert codec.media_type == codec.stream_media_type == "application/vnd.inferwire.delta"
     else:
         assert codec.stream_media_type.startswith("application/vnd.inferwire.frames+")
 
 
 def test_what_each_codec_carries() -> None:
     everything = {ic.TokenChunk, ic.EmbeddingBatch, ic.InferRequest, ic.InferResponse}
+    expected = {"tensor": everything - {ic.TokenChunk}, "delta": {ic.TokenChunk}}
     for name in NAMES:
-        expected = everything - {ic.TokenChunk} if name == "tensor" else everything
-        assert ic.get(name).types == expected, name
+        assert ic.get(name).types == expected.get(name, everything), name
 
 
 @pytest.mark.parametrize("name", ["", "JSON", "proto", "json ", "avro"])
@@ -89,8 +92,39 @@ def test_error_hierarchy() -> None:
     assert issubclass(ic.DecodeError, ValueError)
     assert issubclass(ic.UnknownCodecError, ic.CodecError)
     assert issubclass(ic.UnknownCodecError, KeyError)
-    for specific in (ic.FrameTooLargeError, ic.IncompleteStreamError, ic.VerificationError):
+    for specific in (
+        ic.FrameTooLargeError,
+        ic.IncompleteStreamError,
+        ic.VerificationError,
+        ic.BadMagicError,
+        ic.SequenceError,
+        ic.UnknownSchemaError,
+    ):
         assert issubclass(specific, ic.DecodeError)
+    for sequence in (ic.SequenceGapError, ic.DuplicateFrameError, ic.ReorderedFrameError):
+        assert issubclass(sequence, ic.SequenceError)
+    # Schema errors share a root; only an unknown id is also bad input. An unreachable registry
+    # is not: the bytes may be fine, and the caller may retry.
+    for schema_error in (
+        ic.UnknownSchemaError,
+        ic.IncompatibleSchemaError,
+        ic.SchemaRegistryUnavailableError,
+        ic.CorruptRegistryError,
+    ):
+        assert issubclass(schema_error, ic.SchemaError)
+        assert issubclass(schema_error, ic.CodecError)
+    for not_bad_input in (
+        ic.IncompatibleSchemaError,
+        ic.SchemaRegistryUnavailableError,
+        ic.CorruptRegistryError,
+    ):
+        assert not issubclass(not_bad_input, ic.DecodeError)
+    assert ic.SchemaRegistryUnavailableError.retriable
+    unknown = ic.UnknownSchemaError(7)
+    assert unknown.schema_id == 7
+    assert "7" in str(unknown)
+    gap = ic.SequenceGapError("gap", expected=3, received=5)
+    assert (gap.expected, gap.received) == (3, 5)
     error = ic.FrameTooLargeError(2**32 - 1, 1024)
     assert (error.declared_bytes, error.max_frame_bytes) == (2**32 - 1, 1024)
     assert str(2**32 - 1) in str(error)
@@ -128,8 +162,10 @@ def test_encoding_a_model_type_the_codec_does_not_carry(name: str, message: Any)
     if type(message) in codec.types:
         assert codec.encode(message)
     else:
-        with pytest.raises(ic.EncodeError, match="TokenChunk"):
+        with pytest.raises(ic.EncodeError, match=type(message).__name__):
             codec.encode(message)
+        with pytest.raises(ic.EncodeError, match=type(message).__name__):
+            codec.stream_encoder().encode(message)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -138,14 +174,15 @@ def test_encoding_a_model_type_the_codec_does_not_carry(name: str, message: Any)
 )
 def test_decoding_into_a_type_the_codec_does_not_carry(name: str, type_: type[Any]) -> None:
     codec = ic.get(name)
-    message = EMBEDDINGS  # carried by every codec
+    message = CHUNK if ic.TokenChunk in codec.types else EMBEDDINGS
     data = codec.encode(message)
     with pytest.raises(ic.DecodeError):
         codec.decode(data, type_)
-    decoder = codec.stream_decoder(type_)
-    encoder = codec.stream_encoder()
-    with pytest.raises(ic.DecodeError):
-        decoder.feed(encoder.encode(message))
+    frame = codec.stream_encoder().encode(message)
+    # refused when the decoder is made (it knows its codec cannot) or at the first frame
+    with pytest.raises(ic.DecodeError):  # noqa: PT012
+        decoder = codec.stream_decoder(type_)
+        decoder.feed(frame)
 
 
 def test_tensor_codec_cannot_decode_token_chunks() -> None:

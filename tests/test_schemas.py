@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from google.protobuf import descriptor_pb2
 
 import inferwire.schemas
 from inferwire.codecs import protobuf_codec
@@ -14,6 +15,8 @@ from inferwire.schemas import inferwire_pb2 as pb
 
 SCHEMAS = Path(inferwire.schemas.__file__).resolve().parent
 PROTO_OUTPUTS = ["inferwire_pb2.py", "inferwire_pb2.pyi", "inferwire_pb2_grpc.py"]
+# The delta codec's schema versions, shipped as descriptor sets (the registry stores them).
+DELTA_OUTPUTS = ["delta_v1.binpb", "delta_v2.binpb"]
 
 
 def _fb_files(root: Path) -> set[str]:
@@ -32,13 +35,13 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_generate_writes_every_committed_module(regenerated: Path) -> None:
-    for name in PROTO_OUTPUTS:
+    for name in [*PROTO_OUTPUTS, *DELTA_OUTPUTS]:
         assert (regenerated / name).is_file(), name
     assert _fb_files(regenerated) == _fb_files(SCHEMAS)
     assert "fb/Envelope.py" in _fb_files(SCHEMAS)
 
 
-@pytest.mark.parametrize("name", [*PROTO_OUTPUTS, *sorted(_fb_files(SCHEMAS))])
+@pytest.mark.parametrize("name", [*PROTO_OUTPUTS, *DELTA_OUTPUTS, *sorted(_fb_files(SCHEMAS))])
 def test_committed_generated_code_is_what_the_generators_write(
     regenerated: Path, name: str
 ) -> None:
@@ -97,3 +100,33 @@ def test_the_fbs_names_its_root_and_file_identifier() -> None:
     assert re.search(r"^root_type Envelope;", source, flags=re.MULTILINE)
     assert re.search(r'^file_identifier "IWF1";', source, flags=re.MULTILINE)
     assert "(python" not in source
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_each_delta_descriptor_set_is_its_proto(version: int) -> None:
+    """One file, the .proto of its name, without source info (so no comment changes its id)."""
+    descriptor_set = descriptor_pb2.FileDescriptorSet.FromString(
+        (SCHEMAS / f"delta_v{version}.binpb").read_bytes()
+    )
+    (file,) = descriptor_set.file
+    assert file.name == f"inferwire/schemas/delta_v{version}.proto"
+    assert file.package == "inferwire.delta"
+    assert file.syntax == "proto3"
+    assert not file.HasField("source_code_info")
+    assert (SCHEMAS / f"delta_v{version}.proto").is_file()
+
+
+def test_delta_v2_is_v1_plus_usage() -> None:
+    v1, v2 = (
+        descriptor_pb2.FileDescriptorSet.FromString((SCHEMAS / f"delta_v{v}.binpb").read_bytes())
+        for v in (1, 2)
+    )
+    messages_v1 = {m.name: m for m in v1.file[0].message_type}
+    messages_v2 = {m.name: m for m in v2.file[0].message_type}
+    assert set(messages_v2) == {*messages_v1, "Usage"}
+    for name in ("Header", "Logprob"):
+        assert messages_v2[name] == messages_v1[name]
+    frame_v1, frame_v2 = messages_v1["Frame"], messages_v2["Frame"]
+    assert list(frame_v2.field)[: len(frame_v1.field)] == list(frame_v1.field)
+    (usage,) = list(frame_v2.field)[len(frame_v1.field) :]
+    assert (usage.name, usage.number, usage.type_name) == ("usage", 8, ".inferwire.delta.Usage")
