@@ -34,7 +34,7 @@ from .model import (
     new_token_logprob,
     new_top_logprob,
 )
-from .openai import bytes_elements_from_raw
+from .tensors import bytes_elements_from_raw
 
 __all__ = [
     "VIEWS",

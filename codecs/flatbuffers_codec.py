@@ -41,7 +41,6 @@ from .fbviews import (
     TokenChunkView,
 )
 from .model import (
-    DATATYPES,
     EmbeddingBatch,
     InferRequest,
     InferResponse,
@@ -52,7 +51,7 @@ from .model import (
     TopLogprob,
     Usage,
 )
-from .openai import bytes_elements_to_raw
+from .tensors import bytes_elements_to_raw, checked_dtype
 
 __all__ = [
     "EmbeddingBatchView",
@@ -213,12 +212,8 @@ def _embedding(b: Any, e: EmbeddingBatch) -> int:
 
 
 def _tensor(b: Any, t: Tensor) -> int:
-    dtype = DATATYPES.get(t.datatype)
-    if dtype is None:
-        raise EncodeError(f"unknown datatype {t.datatype!r}")
+    checked_dtype(t)
     data, shape = t.data, tuple(t.shape)
-    if not isinstance(data, np.ndarray) or data.dtype != dtype or data.shape != shape:
-        raise EncodeError(f"tensor {t.name!r}: data does not match {t.datatype}{shape}")
     raw = bytes_elements_to_raw(data) if t.datatype == "BYTES" else _array_bytes(data)
     data_vector = _raw_vector(b, raw, 1, DATA_ALIGNMENT) if len(raw) else 0
     shape_vector = _raw_vector(b, struct.pack(f"<{len(shape)}q", *shape), 8, 8) if shape else 0

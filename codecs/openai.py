@@ -21,7 +21,6 @@ value of the wrong type in the model.
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -29,7 +28,6 @@ import numpy as np
 
 from .errors import DecodeError, EncodeError
 from .model import (
-    DATATYPES,
     EmbeddingBatch,
     InferRequest,
     InferResponse,
@@ -41,6 +39,7 @@ from .model import (
     new_token_logprob,
     new_top_logprob,
 )
+from .tensors import bytes_elements_from_raw, bytes_elements_to_raw, checked_dtype, checked_layout
 
 CHUNK_OBJECT: Final = "chat.completion.chunk"
 Obj = dict[str, Any]
@@ -242,49 +241,9 @@ def numbers_to_array(values: Any, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     return cast
 
 
-_LENGTH: Final = struct.Struct("<I")
-
-
-def bytes_elements_to_raw(data: np.ndarray[Any, Any]) -> bytes:
-    """KServe's raw form of a BYTES tensor: each element as a 4-byte LE length, then its bytes."""
-    parts = []
-    for element in data.flat:
-        if not isinstance(element, bytes):
-            raise EncodeError("BYTES tensor elements must be bytes")
-        parts.append(_LENGTH.pack(len(element)))
-        parts.append(element)
-    return b"".join(parts)
-
-
-def bytes_elements_from_raw(raw: Any, count: int) -> np.ndarray[Any, Any]:
-    """The inverse of :func:`bytes_elements_to_raw`; every length is checked against the end."""
-    view = memoryview(raw)
-    out = np.empty(count, dtype=object)
-    pos = 0
-    for i in range(count):
-        if pos + 4 > len(view):
-            raise DecodeError("BYTES tensor truncated in an element length")
-        (length,) = _LENGTH.unpack_from(view, pos)
-        pos += 4
-        if pos + length > len(view):
-            raise DecodeError("BYTES tensor element overruns the data")
-        out[i] = bytes(view[pos : pos + length])
-        pos += length
-    if pos != len(view):
-        raise DecodeError("BYTES tensor has bytes after its last element")
-    return out
-
-
 def tensor_to_obj(tensor: Tensor, *, binary: bool) -> Obj:
+    checked_dtype(tensor)
     data = tensor.data
-    dtype = DATATYPES.get(tensor.datatype)
-    if dtype is None:
-        raise EncodeError(f"unknown datatype {tensor.datatype!r}")
-    if data.dtype != dtype or data.shape != tensor.shape:
-        raise EncodeError(
-            f"tensor {tensor.name!r}: data {data.dtype}{data.shape} does not match "
-            f"{tensor.datatype}{tensor.shape}"
-        )
     payload: Any
     if tensor.datatype == "BYTES":
         if binary:
@@ -310,13 +269,8 @@ def tensor_to_obj(tensor: Tensor, *, binary: bool) -> Obj:
 
 def tensor_from_obj(obj: Obj, *, binary: bool) -> Tensor:
     datatype = _str(obj["datatype"])
-    dtype = DATATYPES.get(datatype)
-    if dtype is None:
-        raise DecodeError(f"unknown datatype {datatype!r}")
     shape = tuple(_int(d) for d in obj["shape"])
-    if any(d < 0 for d in shape):
-        raise DecodeError(f"negative dimension in shape {shape}")
-    count = math.prod(shape)
+    dtype, count = checked_layout(datatype, shape)
     data = obj["data"]
     if datatype == "BYTES":
         if binary:

@@ -8,7 +8,6 @@ Unknown fields are ignored on decode, as proto3 requires.
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
@@ -17,11 +16,9 @@ from google.protobuf.internal import api_implementation
 
 from inferwire.schemas import inferwire_pb2 as pb
 
-from . import openai as oa
 from .base import BytesLike, Codec
 from .errors import CodecError, DecodeError, EncodeError
 from .model import (
-    DATATYPES,
     EmbeddingBatch,
     InferRequest,
     InferResponse,
@@ -32,6 +29,7 @@ from .model import (
     new_token_logprob,
     new_top_logprob,
 )
+from .tensors import bytes_elements_from_raw, bytes_elements_to_raw, checked_dtype, checked_layout
 
 M = TypeVar("M")
 
@@ -106,17 +104,10 @@ def chunk_from_pb(msg: pb.TokenChunk) -> TokenChunk:
 
 
 def tensor_to_pb(tensor: Tensor) -> pb.Tensor:
-    dtype = DATATYPES.get(tensor.datatype)
+    checked_dtype(tensor)
     data = tensor.data
-    if dtype is None:
-        raise EncodeError(f"unknown datatype {tensor.datatype!r}")
-    if data.dtype != dtype or data.shape != tensor.shape:
-        raise EncodeError(
-            f"tensor {tensor.name!r}: data {data.dtype}{data.shape} does not match "
-            f"{tensor.datatype}{tensor.shape}"
-        )
     raw = (
-        oa.bytes_elements_to_raw(data)
+        bytes_elements_to_raw(data)
         if tensor.datatype == "BYTES"
         else np.ascontiguousarray(data).tobytes()
     )
@@ -126,16 +117,11 @@ def tensor_to_pb(tensor: Tensor) -> pb.Tensor:
 
 
 def tensor_from_pb(msg: pb.Tensor) -> Tensor:
-    dtype = DATATYPES.get(msg.datatype)
-    if dtype is None:
-        raise DecodeError(f"unknown datatype {msg.datatype!r}")
     shape = tuple(msg.shape)
-    if any(d < 0 for d in shape):
-        raise DecodeError(f"negative dimension in shape {shape}")
-    count = math.prod(shape)
+    dtype, count = checked_layout(msg.datatype, shape)
     raw = msg.raw_contents
     if msg.datatype == "BYTES":
-        data = oa.bytes_elements_from_raw(raw, count)
+        data = bytes_elements_from_raw(raw, count)
     else:
         if len(raw) != count * dtype.itemsize:
             raise DecodeError(

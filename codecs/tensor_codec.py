@@ -18,17 +18,16 @@ each tensor's memory) so a transport can write them with ``writelines`` and neve
 
 from __future__ import annotations
 
-import math
 import struct
 from typing import Any, ClassVar, Final, TypeVar, cast
 
 import numpy as np
 import orjson
 
-from . import openai as oa
 from .base import BytesLike, Codec
 from .errors import CodecError, DecodeError, EncodeError
-from .model import DATATYPES, EmbeddingBatch, InferRequest, InferResponse, Tensor, Usage
+from .model import EmbeddingBatch, InferRequest, InferResponse, Tensor, Usage
+from .tensors import bytes_elements_from_raw, bytes_elements_to_raw, checked_dtype, checked_layout
 
 M = TypeVar("M")
 
@@ -39,18 +38,11 @@ EMBEDDINGS_TENSOR: Final = "embeddings"
 
 
 def _tensor_parts(tensor: Tensor) -> tuple[dict[str, Any], BytesLike]:
-    dtype = DATATYPES.get(tensor.datatype)
+    checked_dtype(tensor)
     data = tensor.data
-    if dtype is None:
-        raise EncodeError(f"unknown datatype {tensor.datatype!r}")
-    if data.dtype != dtype or data.shape != tensor.shape:
-        raise EncodeError(
-            f"tensor {tensor.name!r}: data {data.dtype}{data.shape} does not match "
-            f"{tensor.datatype}{tensor.shape}"
-        )
     raw: BytesLike
     if tensor.datatype == "BYTES":
-        raw = oa.bytes_elements_to_raw(data)
+        raw = bytes_elements_to_raw(data)
     else:
         # A view of the array's own memory: nothing is copied unless it is not contiguous.
         # (As uint8 rather than memoryview.cast("B"), which refuses zero-size shapes.)
@@ -122,18 +114,13 @@ def _read_tensors(entries: Any, data: memoryview, pos: int) -> tuple[list[Tensor
     tensors = []
     for entry in entries:
         datatype = _str(entry["datatype"])
-        dtype = DATATYPES.get(datatype)
-        if dtype is None:
-            raise DecodeError(f"unknown datatype {datatype!r}")
         shape = tuple(_int(d) for d in entry["shape"])
-        if any(d < 0 for d in shape):
-            raise DecodeError(f"negative dimension in shape {shape}")
+        dtype, count = checked_layout(datatype, shape)
         size = _int(entry["parameters"]["binary_data_size"])
         if size < 0 or pos + size > len(data):
             raise DecodeError(f"tensor of {size} bytes overruns the {len(data)}-byte buffer")
-        count = math.prod(shape)
         if datatype == "BYTES":
-            array = oa.bytes_elements_from_raw(data[pos : pos + size], count)
+            array = bytes_elements_from_raw(data[pos : pos + size], count)
         else:
             if size != count * dtype.itemsize:
                 raise DecodeError(
