@@ -42,6 +42,8 @@ class Result:
     """codec / direct from alternating back-to-back runs (wrapper benchmarks only)."""
     paired_library_share: float | None = None
     """library / codec, the same way."""
+    paired_ratio_unary: float | None = None
+    """delta / orjson with orjson unframed (the delta time target's second reading)."""
 
     @property
     def spread(self) -> float:
@@ -67,6 +69,7 @@ def load(path: Path) -> tuple[list[Result], dict[str, Any]]:
                 correct=info["correct"],
                 paired_ratio=info.get("paired_ratio"),
                 paired_library_share=info.get("paired_library_share"),
+                paired_ratio_unary=info.get("paired_ratio_unary"),
             )
         )
     return results, raw
