@@ -308,12 +308,13 @@ class DeltaStreamEncoder:
         ):
             token_id = chunk.token_ids[0]
             if 0 <= token_id < _UINT32:
-                ids = _token_varint(token_id)
+                # one-byte varints by table lookup: a call apiece costs more than the frame
+                ids = _TOKEN_VARINTS.get(token_id) or _token_varint(token_id)
                 text = chunk.text
                 table = self._table
                 ref = table.index.get(text)
                 if ref is not None:
-                    text_field = b"\x18" + _varint(ref + 1)
+                    text_field = b"\x18" + (_SMALL[ref + 1] if ref < 127 else _varint(ref + 1))
                 elif text:
                     try:
                         raw = text.encode()
@@ -323,9 +324,10 @@ class DeltaStreamEncoder:
                     text_field = b"\x22" + _varint(len(raw)) + raw
                 else:
                     text_field = b""
+                offset = chunk.seq - self._base_seq
                 frame = (
                     b"\x08"
-                    + _varint(chunk.seq - self._base_seq)
+                    + (_SMALL[offset] if offset < 128 else _varint(offset))
                     + b"\x12"
                     + _SMALL[len(ids)]
                     + ids
@@ -333,7 +335,8 @@ class DeltaStreamEncoder:
                 )
                 self._next_seq += 1
                 self.count += 1
-                return _varint(len(frame) + 1) + frame
+                size = len(frame) + 1
+                return (_SMALL[size] if size < 128 else _varint(size)) + frame
         if type(chunk) is not TokenChunk:
             raise EncodeError(f"codec 'delta' cannot encode {type(chunk).__name__}")
         if self._broken:
@@ -730,28 +733,30 @@ class DeltaStreamDecoder:
             # whole frames, as a transport usually hands them over: parsed in place
             view = data if type(data) is bytes else bytes(data)
         header = self._header
+        response_id, model, created, index, base_seq = header
         end = len(view)
         table = self._table
         strings = table.strings
         fast_ok = self.max_frame_bytes >= 127  # fast-path frames are under 128 bytes
+        next_seq = base_seq + self.count
         try:
             while pos < end:
                 fast = _fast_frame(view, pos, end, strings) if fast_ok else None
                 if fast is not None:
                     offset, token_id, text, pos, literal = fast
-                    seq = header[4] + offset
+                    seq = base_seq + offset
                     # order first: a frame out of turn must not touch the string table
-                    if (
-                        seq == header[4] + self.count + len(out) and self._pending_gap is None
-                    ) or self._in_sequence(seq, len(out)):
+                    if (seq == next_seq and self._pending_gap is None) or self._in_sequence(
+                        seq, len(out)
+                    ):
                         if literal:
                             table.add(text)
                         out.append(
                             new_token_chunk(
-                                header[0],
-                                header[1],
-                                header[2],
-                                header[3],
+                                response_id,
+                                model,
+                                created,
+                                index,
                                 seq,
                                 (token_id,),
                                 text,
@@ -760,6 +765,7 @@ class DeltaStreamDecoder:
                                 None,
                             )
                         )
+                        next_seq += 1
                     continue
                 length, body = _frame_length(view, pos, end, self.max_frame_bytes)
                 if body is None:
@@ -793,6 +799,7 @@ class DeltaStreamDecoder:
                 pos = frame_end
                 if chunk is not None:
                     out.append(chunk)
+                    next_seq += 1
         finally:
             self.count += len(out)
             if pos < end:
