@@ -73,14 +73,20 @@ def frame(payload: bytes) -> bytes:
     return FRAME_HEADER.pack(KIND_MESSAGE, len(payload)) + payload
 
 
-class LengthPrefixedEncoder:
-    """Frames each message the codec encodes; :meth:`end` writes the count-carrying end."""
+class _CountingEncoder:
+    """Holds the codec's one-message ``encode`` and how many messages went out."""
 
     __slots__ = ("_encode", "count")
 
     def __init__(self, encode: Callable[[object], bytes]) -> None:
         self._encode = encode
         self.count = 0
+
+
+class LengthPrefixedEncoder(_CountingEncoder):
+    """Frames each message the codec encodes; :meth:`end` writes the count-carrying end."""
+
+    __slots__ = ()
 
     def encode(self, message: object, /) -> bytes:
         payload = self._encode(message)
@@ -94,11 +100,14 @@ class LengthPrefixedEncoder:
 class _BufferedDecoder:
     """Holds unconsumed bytes and the end-of-stream state shared by every stream decoder."""
 
-    __slots__ = ("_buffer", "_scan", "count", "finished", "max_frame_bytes")
+    __slots__ = ("_buffer", "_decode", "_scan", "count", "finished", "max_frame_bytes")
 
-    def __init__(self, max_frame_bytes: int) -> None:
+    def __init__(
+        self, decode: Callable[[bytes], Any], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
         if max_frame_bytes <= 0:
             raise ValueError("max_frame_bytes must be positive")
+        self._decode = decode
         self._buffer = bytearray()
         self.max_frame_bytes = max_frame_bytes
         self.finished = False
@@ -119,13 +128,7 @@ class _BufferedDecoder:
 class LengthPrefixedDecoder(_BufferedDecoder, Generic[M]):
     """Reads :class:`LengthPrefixedEncoder` frames; refuses an oversized frame from its header."""
 
-    __slots__ = ("_decode",)
-
-    def __init__(
-        self, decode: Callable[[bytes], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    ) -> None:
-        super().__init__(max_frame_bytes)
-        self._decode = decode
+    __slots__ = ()
 
     def feed(self, data: BytesLike, /) -> list[M]:
         self._check_open(data)
@@ -178,14 +181,10 @@ _SSE_LINE: Final = re.compile(rb"\r\n|\r|\n")
 _BOM: Final = b"\xef\xbb\xbf"
 
 
-class SseEncoder:
+class SseEncoder(_CountingEncoder):
     """``data: <json>`` events ending with ``data: [DONE]`` (OpenAI's stream framing)."""
 
-    __slots__ = ("_encode", "count")
-
-    def __init__(self, encode: Callable[[object], bytes]) -> None:
-        self._encode = encode
-        self.count = 0
+    __slots__ = ()
 
     def encode(self, message: object, /) -> bytes:
         self.count += 1
@@ -198,13 +197,12 @@ class SseEncoder:
 class SseDecoder(_BufferedDecoder, Generic[M]):
     """Parses server-sent events per the WHATWG rules; only ``data`` fields carry messages."""
 
-    __slots__ = ("_at_start", "_cr", "_decode")
+    __slots__ = ("_at_start", "_cr")
 
     def __init__(
         self, decode: Callable[[bytes], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     ) -> None:
-        super().__init__(max_frame_bytes)
-        self._decode = decode
+        super().__init__(decode, max_frame_bytes)
         self._at_start = True
         # Until a CR shows up, events can only end in LF LF: a memchr-speed find, not the regex.
         self._cr = False
@@ -298,14 +296,10 @@ def _sse_data(event: bytes) -> bytes | None:
     return b"\n".join(values) if values else None
 
 
-class NdjsonEncoder:
+class NdjsonEncoder(_CountingEncoder):
     """One JSON object a line; the last line counts the messages sent."""
 
-    __slots__ = ("_encode", "count")
-
-    def __init__(self, encode: Callable[[object], bytes]) -> None:
-        self._encode = encode
-        self.count = 0
+    __slots__ = ()
 
     def encode(self, message: object, /) -> bytes:
         self.count += 1
@@ -316,13 +310,7 @@ class NdjsonEncoder:
 
 
 class NdjsonDecoder(_BufferedDecoder, Generic[M]):
-    __slots__ = ("_decode",)
-
-    def __init__(
-        self, decode: Callable[[bytes], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    ) -> None:
-        super().__init__(max_frame_bytes)
-        self._decode = decode
+    __slots__ = ()
 
     def feed(self, data: BytesLike, /) -> list[M]:
         self._check_open(data)
