@@ -290,3 +290,34 @@ def bench_delta_round_trip(benchmark: Any, workload: str) -> None:
         and orjson_stream_round_trip() == messages
         and orjson_unary_round_trip() == messages,
     )
+
+
+@pytest.mark.parametrize("codec_name", ["flatbuffers", "tensor"])
+def bench_flat_decode(benchmark: Any, codec_name: str) -> None:
+    """Decode of the largest tensor workload against the smallest, paired back to back: the
+    zero-copy target (flat in size) read from one ratio that machine drift cannot skew."""
+    codec = ic.get(codec_name)
+    (large,) = workloads.get("image-fp32").messages()
+    (small,) = workloads.get("embed-1x384").messages()
+    large_data, small_data = codec.encode(large), codec.encode(small)
+
+    def decode_large() -> Any:
+        return codec.decode(large_data, type(large))
+
+    def decode_small() -> Any:
+        return codec.decode(small_data, type(small))
+
+    benchmark.group = "targets flat decode"
+    out = benchmark(decode_large)
+    benchmark.extra_info["paired_ratio"] = paired_ratio(
+        decode_large, decode_small, 1 if benchmark.disabled else PAIRS
+    )
+    _record(
+        benchmark,
+        codec_name,
+        "image-fp32",
+        "decode-vs-smallest",
+        len(large_data),
+        1,
+        out == large and decode_small() == small,
+    )
