@@ -131,6 +131,16 @@ class _Table:
         if 0 < len(text) <= MAX_INTERNED_CHARS and len(self.strings) < MAX_TABLE_ENTRIES:
             self.strings.append(text)
 
+    def resolve(self, ref: int, literal: str | None) -> str:
+        """A field's string: table entry ``ref`` if nonzero, else its literal, which joins
+        the table (absent literal: the empty string)."""
+        if ref:
+            return self.get(ref)
+        if literal is None:
+            return ""
+        self.add(literal)
+        return literal
+
     def get(self, ref: int) -> str:
         if ref > len(self.strings):
             raise DecodeError(f"string ref {ref} past the table's {len(self.strings)} entries")
@@ -549,12 +559,7 @@ def _parse_logprob(data: bytes, pos: int, end: int, table: _Table) -> TokenLogpr
             pos = pbwire.skip(data, pos, end, tag & 7)
     # Strings resolve in the table's order whatever the field order: the token, then its
     # alternatives.
-    if token_ref:
-        token = table.get(token_ref)
-    elif token is None:
-        token = ""
-    else:
-        table.add(token)
+    token = table.resolve(token_ref, token)
     if mantissa:
         logprob = _from_decimal(mantissa, scale)
     if mantissas:
@@ -650,12 +655,7 @@ def _parse_frame(
     # string table, so a gap is reported as a gap, not as a bad string ref.
     if not in_sequence(base_seq + offset):
         return None
-    if text_ref:
-        text = table.get(text_ref)
-    elif text is None:
-        text = ""
-    else:
-        table.add(text)
+    text = table.resolve(text_ref, text)
     logprobs = None
     if has_logprobs or logprob_spans:
         logprobs = tuple([_parse_logprob(data, a, b, table) for a, b in logprob_spans])
