@@ -356,4 +356,18 @@ class FlatbuffersCodec(Codec):
         return encode_message(message)
 
     def decode(self, data: BytesLike, type_: type[M], /) -> M:
-        return decode_message(data, type_, max_items=self.max_items, max_depth=self.max_depth)
+        # decode_message's body, inline: one call frame is measurable on a ~20 us decode
+        entry = VIEWS.get(type_)
+        if entry is None:
+            raise DecodeError(f"flatbuffers cannot decode into {type_!r}")
+        payload, view = entry
+        buf = _byte_buffer(data)
+        try:
+            verified = verify_envelope(
+                buf, payload, max_items=self.max_items, max_depth=self.max_depth
+            )
+            return cast("M", view(buf, verified, verified.payload))
+        except DecodeError:
+            raise
+        except _DECODE_ERRORS as exc:
+            raise DecodeError(f"flatbuffers: {type(exc).__name__}: {exc}") from exc
