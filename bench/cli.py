@@ -2,6 +2,8 @@
 
 inferwire bench [--out results] [--quick]   run the benchmark matrix, write results/
 inferwire report [--out results]            rebuild results/README.md from results/raw/
+inferwire serve --transport T --codec C     one transport's server (prints its address)
+inferwire proxy --upstream H:P --delay-ms X the WAN-delay proxy
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     rep = commands.add_parser("report", help="rebuild results/README.md from raw JSON")
     rep.add_argument("--out", type=Path, default=Path("results"))
     rep.set_defaults(run=_report)
+
+    from . import serving
+
+    serving.add_commands(commands)
 
     args = parser.parse_args(argv)
     return int(args.run(args))

@@ -1,0 +1,104 @@
+"""inferwire.transports: how bytes move. One client interface and one server per transport,
+all serving the same simulated inference service.
+
+    import inferwire.transports as it
+    async with it.connect("http2", "127.0.0.1:8000", codec="protobuf") as client:
+        async for chunk in client.generate(it.GenerateRequest(workload="stream-256")):
+            ...
+
+Transports: ``tcp`` (the floor), ``http1``, ``http2``, ``grpc``. Errors derive from
+:class:`TransportError`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Final
+
+import inferwire.codecs as ic
+
+from .base import Client, Server
+from .common import DEFAULT_LIMITS, DEFAULT_MAX_MESSAGE_BYTES, Limits, split_address
+from .errors import (
+    CancelledByPeerError,
+    ConnectError,
+    MessageTooLargeError,
+    ProtocolError,
+    RemoteError,
+    StreamTruncatedError,
+    TransportError,
+    TransportTimeoutError,
+)
+from .service import BadRequestError, GenerateRequest, SimulatedService, Source
+from .tls import ClientTls, ServerTls, make_test_certificates
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "TRANSPORTS",
+    "BadRequestError",
+    "CancelledByPeerError",
+    "Client",
+    "ClientTls",
+    "ConnectError",
+    "GenerateRequest",
+    "Limits",
+    "MessageTooLargeError",
+    "ProtocolError",
+    "RemoteError",
+    "Server",
+    "ServerTls",
+    "SimulatedService",
+    "Source",
+    "StreamTruncatedError",
+    "TransportError",
+    "TransportTimeoutError",
+    "client_class",
+    "connect",
+    "make_test_certificates",
+    "server_class",
+    "split_address",
+]
+
+_CLASSES: Final = {
+    "tcp": ("tcp", "TcpServer", "TcpClient"),
+    "http1": ("http1", "Http1Server", "Http1Client"),
+    "http2": ("http2", "Http2Server", "Http2Client"),
+    "grpc": ("grpc_transport", "GrpcServer", "GrpcClient"),
+}
+TRANSPORTS: Final = tuple(_CLASSES)
+
+
+def _lookup(transport: str, index: int) -> Any:
+    try:
+        module, *names = _CLASSES[transport]
+    except KeyError:
+        raise ValueError(
+            f"unknown transport {transport!r}; choose from {', '.join(TRANSPORTS)}"
+        ) from None
+    return getattr(importlib.import_module(f"{__name__}.{module}"), names[index])
+
+
+def server_class(transport: str) -> type[Server]:
+    return _lookup(transport, 0)  # type: ignore[no-any-return]
+
+
+def client_class(transport: str) -> type[Client]:
+    return _lookup(transport, 1)  # type: ignore[no-any-return]
+
+
+def connect(
+    transport: str,
+    address: str | tuple[str, int],
+    *,
+    codec: str | ic.Codec = "orjson",
+    tls: ClientTls | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    **options: Any,
+) -> Client:
+    """A client for the server at ``address`` (``host:port`` or a tuple). Connections open on
+    first use; ``options`` go to the transport's client (e.g. ``new_connection_per_request``
+    for http1, ``deadline_s`` for grpc)."""
+    host, port = split_address(address) if isinstance(address, str) else address
+    resolved = ic.get(codec) if isinstance(codec, str) else codec
+    cls = client_class(transport)
+    return cls(host, port, resolved, tls=tls, limits=limits, **options)

@@ -1,0 +1,126 @@
+"""One client interface for every transport, and the server side's common shape."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import ClassVar
+
+from inferwire.codecs import Codec, InferRequest, InferResponse, TokenChunk
+
+from .common import DEFAULT_LIMITS, Limits
+from .service import GenerateRequest, SimulatedService
+from .tls import ClientTls, ServerTls
+
+
+class Client(ABC):
+    """A connection (or pool) to one server, speaking one codec.
+
+    ``generate`` yields the chunks of one stream in order and returns only after the stream's
+    end marker; anything less raises a :class:`~inferwire.transports.TransportError`
+    (:class:`StreamTruncatedError` when the connection ended mid-stream). Breaking out of the
+    iteration early cancels the stream on the server.
+    """
+
+    transport: ClassVar[str]
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        codec: Codec,
+        *,
+        tls: ClientTls | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.codec = codec
+        self.tls = tls
+        self.ssl_context: ssl.SSLContext | None = tls.ssl_context() if tls else None
+        self.limits = limits
+
+    @abstractmethod
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    @abstractmethod
+    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class Server(ABC):
+    """One transport's server for the simulated service. ``start`` binds (port 0: any free
+    port; ``address`` then says which), ``serve_forever`` runs until cancelled."""
+
+    transport: ClassVar[str]
+
+    def __init__(
+        self,
+        service: SimulatedService,
+        codec: Codec,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tls: ServerTls | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self.service = service
+        self.codec = codec
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.ssl_context: ssl.SSLContext | None = tls.ssl_context() if tls else None
+        self.limits = limits
+        self.address: tuple[str, int] | None = None
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    @abstractmethod
+    async def start(self) -> tuple[str, int]: ...
+
+    async def serve_forever(self) -> None:
+        if self._server is None:
+            await self.start()
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    async def stop(self) -> None:
+        """Stop listening and end every open connection (Python 3.11's ``Server.close``
+        leaves them open)."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=5.0)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def _track(self) -> None:
+        """Called first by each connection's handler, so :meth:`stop` can end it."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    def _bound(self, server: asyncio.Server) -> tuple[str, int]:
+        self._server = server
+        sockname = server.sockets[0].getsockname()
+        self.address = (sockname[0], sockname[1])
+        return self.address

@@ -1,0 +1,121 @@
+"""What every transport shares: limits, codec lookup, error bodies, and the one place where
+socket-level exceptions become :class:`TransportError`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any, Final, NoReturn
+
+import orjson
+
+import inferwire.codecs as ic
+
+from .errors import ConnectError, ProtocolError, TransportError, TransportTimeoutError
+
+DEFAULT_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+"""Largest request or response body any transport accepts unless told otherwise (the codecs'
+frame limit, and gRPC's receive limit raised from its 4 MiB default to fit the image tensors)."""
+
+DEFAULT_TIMEOUT_S: Final = 30.0
+"""Per read and per connect: generous, because a loaded 2-core machine can stall for seconds."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+DEFAULT_LIMITS: Final = Limits()
+
+
+def resolve_codec(codec: str | ic.Codec) -> ic.Codec:
+    return ic.get(codec) if isinstance(codec, str) else codec
+
+
+def error_body(status: int, message: str, kind: str = "invalid_request_error") -> bytes:
+    """An error answer in OpenAI's shape: ``{"error": {"message", "type", "code"}}``."""
+    return orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
+
+
+def error_detail(body: bytes) -> str:
+    """The message of an :func:`error_body`, or the body itself if it is not one."""
+    try:
+        obj = orjson.loads(body)
+        return str(obj["error"]["message"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return body[:200].decode(errors="replace")
+
+
+def raise_transport(exc: BaseException, what: str) -> NoReturn:
+    """Translate a socket/TLS/timeout exception into the package's own."""
+    if isinstance(exc, TransportError):
+        raise exc
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        raise TransportTimeoutError(f"{what}: timed out") from exc
+    if isinstance(exc, ssl.SSLError):
+        raise ConnectError(f"{what}: TLS: {exc}") from exc
+    if isinstance(exc, (ConnectionError, OSError, asyncio.IncompleteReadError, EOFError)):
+        raise ProtocolError(f"{what}: connection lost: {exc!r}") from exc
+    if isinstance(exc, ic.CodecError):
+        raise ProtocolError(f"{what}: {exc}") from exc
+    raise exc
+
+
+@contextlib.contextmanager
+def mapped(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (OSError, TimeoutError, asyncio.IncompleteReadError, EOFError, ic.CodecError) as exc:
+        raise_transport(exc, what)
+
+
+async def connect_tcp(
+    host: str, port: int, *, ssl_context: ssl.SSLContext | None, timeout_s: float, **kw: Any
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    try:
+        return await asyncio.wait_for(
+            asyncio.open_connection(
+                host,
+                port,
+                ssl=ssl_context,
+                server_hostname=host if ssl_context else None,
+                **kw,
+            ),
+            timeout_s,
+        )
+    except (OSError, TimeoutError, ssl.SSLError) as exc:
+        if isinstance(exc, TimeoutError):
+            raise TransportTimeoutError(f"connect to {host}:{port}: timed out") from exc
+        raise ConnectError(f"connect to {host}:{port}: {exc}") from exc
+
+
+async def aclose_quietly(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), 2.0)
+
+
+async def aiter_close(iterator: AsyncIterator[Any]) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+
+
+def split_address(address: str, default_port: int = 0) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or a URL's authority into (host, port)."""
+    if "://" in address:
+        address = address.split("://", 1)[1].split("/", 1)[0]
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        port = rest.lstrip(":")
+        return host, int(port) if port else default_port
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        return address, default_port
+    return host, int(port)

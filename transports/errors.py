@@ -1,0 +1,56 @@
+"""The transport exceptions: one root, :class:`TransportError`, for everything that moves bytes.
+
+Foreign exceptions (``OSError``, ``ssl.SSLError``, ``grpc.aio.AioRpcError``, h2's and
+httptools' errors) are translated once, where a transport calls the library, with
+``raise X from exc``. A codec error met by a transport (a peer sent bytes that do not decode)
+is a :class:`ProtocolError` whose ``__cause__`` is the :class:`~inferwire.codecs.CodecError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TransportError(Exception):
+    """Root of every transport error."""
+
+
+class ConnectError(TransportError):
+    """The connection could not be made (refused, unreachable, TLS handshake failed)."""
+
+
+class TransportTimeoutError(TransportError, TimeoutError):
+    """A deadline passed: connect, a read, or the whole call."""
+
+
+class ProtocolError(TransportError):
+    """The peer broke the protocol: bytes that do not parse, a frame out of place."""
+
+
+class StreamTruncatedError(ProtocolError):
+    """A stream stopped before its end marker: the connection closed or reset mid-stream.
+
+    Never reported as a complete stream: ``chunks_received`` says how far it got."""
+
+    def __init__(self, message: str, *, chunks_received: int = 0) -> None:
+        super().__init__(message)
+        self.chunks_received = chunks_received
+
+
+class MessageTooLargeError(TransportError):
+    """A message over the configured limit, refused before it was read."""
+
+
+class RemoteError(TransportError):
+    """The server answered with an error: ``status`` is its HTTP status (or the gRPC code's
+    name), ``detail`` the server's message."""
+
+    def __init__(self, status: int | str, detail: str, *, body: Any = None) -> None:
+        super().__init__(f"server answered {status}: {detail}")
+        self.status = status
+        self.detail = detail
+        self.body = body
+
+
+class CancelledByPeerError(TransportError):
+    """The server cancelled the call (gRPC ``CANCELLED``, HTTP/2 ``RST_STREAM``)."""

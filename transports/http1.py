@@ -1,0 +1,416 @@
+"""``http1``: HTTP/1.1 on asyncio streams, parsed by ``httptools``.
+
+Why httptools: it binds llhttp, Node.js's parser, the one uvicorn uses: maintained, fast (C),
+and strict where request smuggling lives (Content-Length with Transfer-Encoding, a duplicate
+Content-Length, bad chunk sizes are all parse errors). h11 would be the sans-IO choice, but it
+parses in Python, which on this machine costs more than the rest of a small request together.
+What llhttp leaves to its user, this module does: header and body size limits, and timeouts.
+
+Responses are written by hand: a status line and a few headers. A stream is sent with chunked
+transfer encoding, one chunk per codec frame (SSE events for the JSON codecs); a stream that
+fails on the server ends the connection without the last chunk, so the client sees it as
+truncated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import ClassVar, Final
+
+import httptools
+import orjson
+
+import inferwire.codecs as ic
+
+from .base import Client, Server
+from .common import aclose_quietly, connect_tcp, error_detail
+from .errors import (
+    MessageTooLargeError,
+    ProtocolError,
+    RemoteError,
+    StreamTruncatedError,
+    TransportTimeoutError,
+)
+from .httpapp import HttpApp, Response, error
+from .service import GenerateRequest
+
+MAX_HEADER_BYTES: Final = 16 * 1024
+"""Request line and headers together; over it: 431 (nginx's large_client_header_buffers is
+4 x 8 KiB, Node's default 16 KiB)."""
+KEEPALIVE_TIMEOUT_S: Final = 75.0
+"""How long an idle connection is kept (nginx's keepalive_timeout)."""
+_READ_BYTES: Final = 256 * 1024
+
+
+@dataclass(slots=True)
+class _Request:
+    method: str
+    url: bytes
+    headers: dict[str, str]
+    body: bytes
+    keep_alive: bool
+
+
+class _RequestReader:
+    """httptools callbacks: collects complete requests; over a limit it records the status
+    to answer with instead of raising (an exception in a callback is re-wrapped by httptools)."""
+
+    def __init__(self, max_body_bytes: int) -> None:
+        self.parser = httptools.HttpRequestParser(self)
+        self.max_body_bytes = max_body_bytes
+        self.done: list[_Request] = []
+        self.refused: int | None = None
+        self.in_message = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.header_bytes = 0
+        self.body_bytes = 0
+
+    def on_message_begin(self) -> None:
+        self.in_message = True
+        self._reset()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.header_bytes += len(url)
+        if self.header_bytes > MAX_HEADER_BYTES:
+            self.refused = 431 if self.refused is None else self.refused
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value) + 4
+        if self.header_bytes > MAX_HEADER_BYTES:
+            self.refused = 431 if self.refused is None else self.refused
+            return
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        length = self.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            self.refused = 413 if self.refused is None else self.refused
+
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if self.body_bytes > self.max_body_bytes:
+            self.refused = 413 if self.refused is None else self.refused
+        elif self.refused is None:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.in_message = False
+        self.done.append(
+            _Request(
+                self.parser.get_method().decode("latin-1"),
+                self.url,
+                self.headers,
+                b"".join(self.body),
+                self.parser.should_keep_alive(),
+            )
+        )
+
+
+def _head(status: int, content_type: str, extra: str) -> bytes:
+    reason = HTTPStatus(status).phrase
+    return f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\n{extra}\r\n".encode(
+        "latin-1"
+    )
+
+
+class Http1Server(Server):
+    transport: ClassVar[str] = "http1"
+
+    def __init__(
+        self, *args: object, registry: ic.SchemaRegistry | None = None, **kwargs: object
+    ) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.app = HttpApp(self.service, self.codec, registry=registry)
+
+    async def start(self) -> tuple[str, int]:
+        server = await asyncio.start_server(
+            self._handle, self.host, self.port, ssl=self.ssl_context, limit=_READ_BYTES
+        )
+        return self._bound(server)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._track()
+        requests = _RequestReader(self.limits.max_message_bytes)
+        try:
+            while True:
+                while not requests.done and requests.refused is None:
+                    # idle between requests: the keep-alive timeout; inside one: the read
+                    # timeout, from its first byte (a client sending a byte a second loses)
+                    timeout = self.limits.timeout_s if requests.in_message else KEEPALIVE_TIMEOUT_S
+                    async with asyncio.timeout(timeout):
+                        data = await reader.read(_READ_BYTES)
+                    if not data:
+                        return
+                    try:
+                        requests.parser.feed_data(data)
+                    except httptools.HttpParserUpgrade:
+                        await self._write(writer, error(501, "upgrade is not supported"), False)
+                        return
+                    except httptools.HttpParserError as exc:
+                        status = 501 if "Transfer-Encoding" in str(exc) else 400
+                        await self._write(writer, error(status, f"bad request: {exc}"), False)
+                        return
+                if requests.refused is not None:
+                    message = "headers too large" if requests.refused == 431 else "body too large"
+                    await self._write(writer, error(requests.refused, message), False)
+                    return
+                request = requests.done.pop(0)
+                response = self.app.handle(
+                    request.method, request.url.decode("latin-1"), request.headers, request.body
+                )
+                if not await self._write(writer, response, request.keep_alive):
+                    return
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # the client went away (or the server stops): its stream was closed
+        finally:
+            await aclose_quietly(writer)
+
+    async def _write(self, writer: asyncio.StreamWriter, response: Response, keep: bool) -> bool:
+        """Send ``response``; False when the connection must close after it."""
+        connection = "" if keep else "connection: close\r\n"
+        if response.stream is None:
+            writer.write(
+                _head(
+                    response.status,
+                    response.content_type,
+                    f"content-length: {len(response.body)}\r\n{connection}",
+                )
+            )
+            writer.write(response.body)
+            await writer.drain()
+            return keep
+        extra = f"transfer-encoding: chunked\r\ncache-control: no-cache\r\n{connection}"
+        writer.write(_head(response.status, response.content_type, extra))
+        async with contextlib.aclosing(response.stream) as frames:
+            async for frame in frames:
+                if frame:  # an empty chunk would end the body
+                    writer.write(b"%x\r\n%b\r\n" % (len(frame), frame))
+                    await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return keep
+
+
+class _ResponseReader:
+    """httptools callbacks for one connection's responses, in turn."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.headers_done = False
+        self.complete = False
+
+    def start(self) -> None:
+        self.headers = {}
+        self.body = []
+        self.headers_done = False
+        self.complete = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.response = _ResponseReader()
+        self.reusable = True
+
+    async def receive(self, timeout_s: float) -> bool:
+        """Read and parse once; False at end of connection."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                data = await self.reader.read(_READ_BYTES)
+        except TimeoutError as exc:
+            raise TransportTimeoutError("http1: read timed out") from exc
+        except OSError:
+            return False
+        if not data:
+            return False
+        try:
+            self.response.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.reusable = False
+            raise ProtocolError(f"http1: bad response: {exc}") from exc
+        return True
+
+
+class Http1Client(Client):
+    """A keep-alive pool (idle connections reused, a new one when none is idle), or with
+    ``new_connection_per_request`` one connection per request, closed after it."""
+
+    transport: ClassVar[str] = "http1"
+
+    def __init__(
+        self,
+        *args: object,
+        new_connection_per_request: bool = False,
+        max_idle: int = 100,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.new_connection_per_request = new_connection_per_request
+        self.max_idle = max_idle
+        self._idle: list[_Connection] = []
+        self.connections_opened = 0
+        authority = f"[{self.host}]" if ":" in self.host else self.host
+        self._host_header = f"host: {authority}:{self.port}\r\n"
+
+    async def _acquire(self) -> _Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.writer.is_closing() and not conn.reader.at_eof():
+                return conn
+            await aclose_quietly(conn.writer)
+        reader, writer = await connect_tcp(
+            self.host,
+            self.port,
+            ssl_context=self.ssl_context,
+            timeout_s=self.limits.timeout_s,
+            limit=_READ_BYTES,
+        )
+        self.connections_opened += 1
+        return _Connection(reader, writer)
+
+    async def _release(self, conn: _Connection, ok: bool) -> None:
+        if (
+            ok
+            and conn.reusable
+            and not self.new_connection_per_request
+            and len(self._idle) < self.max_idle
+            and conn.response.headers.get("connection", "").lower() != "close"
+        ):
+            self._idle.append(conn)
+        else:
+            await aclose_quietly(conn.writer)
+
+    async def _send(
+        self, path: str, content_type: str, accept: str, body: bytes
+    ) -> tuple[_Connection, int]:
+        """Send a request and read up to the end of the response's headers."""
+        if len(body) > self.limits.max_message_bytes:
+            raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
+        conn = await self._acquire()
+        try:
+            close = "connection: close\r\n" if self.new_connection_per_request else ""
+            conn.writer.write(
+                (
+                    f"POST {path} HTTP/1.1\r\n{self._host_header}content-type: {content_type}\r\n"
+                    f"accept: {accept}\r\ncontent-length: {len(body)}\r\n{close}\r\n"
+                ).encode("latin-1")
+            )
+            conn.writer.write(body)
+            await conn.writer.drain()
+            conn.response.start()
+            while not conn.response.headers_done:
+                if not await conn.receive(self.limits.timeout_s):
+                    raise StreamTruncatedError("http1: connection closed before a response")
+        except OSError as exc:
+            await aclose_quietly(conn.writer)
+            raise ProtocolError(f"http1: connection lost: {exc!r}") from exc
+        except BaseException:
+            await aclose_quietly(conn.writer)
+            raise
+        status = conn.response.parser.get_status_code()
+        return conn, status
+
+    async def _fail(self, conn: _Connection, status: int) -> None:
+        """Read an error answer's body and raise it as :class:`RemoteError`."""
+        try:
+            while not conn.response.complete and await conn.receive(self.limits.timeout_s):
+                pass
+        finally:
+            await self._release(conn, conn.response.complete)
+        raise RemoteError(status, error_detail(b"".join(conn.response.body)))
+
+    async def infer(self, request: ic.InferRequest) -> ic.InferResponse:
+        payload = self.codec.encode(request)
+        path = f"/v2/models/{request.model}/infer"
+        media = self.codec.media_type
+        conn, status = await self._send(path, media, media, payload)
+        if status != 200:
+            await self._fail(conn, status)
+        ok = False
+        try:
+            size = 0
+            while not conn.response.complete:
+                if not await conn.receive(self.limits.timeout_s):
+                    raise StreamTruncatedError("http1: connection closed mid-response")
+                size = sum(map(len, conn.response.body))
+                if size > self.limits.max_message_bytes:
+                    raise MessageTooLargeError(f"response over {self.limits.max_message_bytes}")
+            try:
+                response = self.codec.decode(b"".join(conn.response.body), ic.InferResponse)
+            except ic.CodecError as exc:
+                raise ProtocolError(f"http1: {exc}") from exc
+            ok = True
+            return response
+        finally:
+            await self._release(conn, ok)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[ic.TokenChunk]:
+        body = orjson.dumps({**request.to_json_obj(), "stream": True})
+        conn, status = await self._send(
+            "/v1/chat/completions", "application/json", self.codec.stream_media_type, body
+        )
+        if status != 200:
+            await self._fail(conn, status)
+        decoder = self.codec.stream_decoder(max_frame_bytes=self.limits.max_message_bytes)
+        count = 0
+        ok = False
+        try:
+            pending = conn.response.body
+            while True:
+                if pending:
+                    conn.response.body = []
+                    try:
+                        chunks = decoder.feed(b"".join(pending) if len(pending) > 1 else pending[0])
+                    except ic.CodecError as exc:
+                        raise ProtocolError(f"http1: {exc}") from exc
+                    for chunk in chunks:
+                        count += 1
+                        yield chunk
+                if conn.response.complete:
+                    break
+                if not await conn.receive(self.limits.timeout_s):
+                    break
+                pending = conn.response.body
+            if not (conn.response.complete and decoder.finished):
+                try:
+                    decoder.close()
+                    raise ic.IncompleteStreamError("the body ended without the stream")
+                except ic.IncompleteStreamError as exc:
+                    raise StreamTruncatedError(
+                        f"http1: stream ended after {count} chunks", chunks_received=count
+                    ) from exc
+            ok = True
+        finally:
+            await self._release(conn, ok)
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await aclose_quietly(conn.writer)

@@ -1,0 +1,608 @@
+"""``http2``: HTTP/2 with ``h2`` on both ends, h2c (prior knowledge) or TLS with ALPN ``h2``.
+
+h2 is sans-IO; this module is the socket loop around it. The routes are those of HTTP/1.1
+(:mod:`inferwire.transports.httpapp`). Flow control is real in both directions:
+
+* sending, a stream writes no more than its window and the connection's, and waits for a
+  WINDOW_UPDATE, so a slow reader stalls only its own stream (RFC 9113, section 5.2);
+* receiving, the client acknowledges a stream's data (opening its window again) only once the
+  consumer has taken the chunks decoded from it, so a consumer that stops reading stops the
+  server's sending for that stream alone.
+
+A request whose body passes the limit is answered 413 and reset; a stream reset by the peer
+cancels its handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, Final
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import orjson
+
+import inferwire.codecs as ic
+
+from .base import Client, Server
+from .common import error_detail
+from .errors import (
+    CancelledByPeerError,
+    ConnectError,
+    MessageTooLargeError,
+    ProtocolError,
+    RemoteError,
+    StreamTruncatedError,
+    TransportTimeoutError,
+)
+from .httpapp import HttpApp, Response, error
+from .service import GenerateRequest
+
+MAX_CONCURRENT_STREAMS: Final = 256
+WINDOW_BYTES: Final = 1 << 20
+"""Initial stream window we advertise: 1 MiB (h2's default 64 KiB would stall a fast stream
+on loopback every few frames)."""
+MAX_HEADER_LIST_BYTES: Final = 16 * 1024
+
+
+class _Writer:
+    """Transport writes with back-pressure: ``wait`` blocks while the socket buffer is full."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self.closed = False
+
+    def pause(self) -> None:
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    async def wait(self) -> None:
+        if not self._resumed.is_set():
+            await self._resumed.wait()
+
+
+class _FlowControl:
+    """Per-stream events a sender waits on for window space."""
+
+    def __init__(self) -> None:
+        self.window_events: dict[int, asyncio.Event] = {}
+
+    def opened(self, stream_id: int | None) -> None:
+        if stream_id:
+            event = self.window_events.get(stream_id)
+            if event is not None:
+                event.set()
+        else:  # connection window or initial window change: wake every sender
+            for event in self.window_events.values():
+                event.set()
+
+    async def send(
+        self,
+        conn: h2.connection.H2Connection,
+        flush: Any,
+        writer: _Writer,
+        stream_id: int,
+        data: bytes,
+        end_stream: bool = False,
+    ) -> None:
+        view = memoryview(data)
+        while True:
+            window = conn.local_flow_control_window(stream_id)
+            size = min(window, len(view), conn.max_outbound_frame_size)
+            if size <= 0 and view:
+                event = self.window_events.setdefault(stream_id, asyncio.Event())
+                event.clear()
+                await event.wait()
+                continue
+            last = size == len(view)
+            conn.send_data(stream_id, view[:size].tobytes(), end_stream=end_stream and last)
+            flush()
+            view = view[size:]
+            await writer.wait()
+            if last:
+                return
+
+
+class _ServerStream:
+    __slots__ = ("body", "body_bytes", "headers", "refused", "task")
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers = headers
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.refused = False
+        self.task: asyncio.Task[None] | None = None
+
+
+class _H2ServerProtocol(asyncio.Protocol):
+    def __init__(self, server: Http2Server) -> None:
+        self.server = server
+        self.conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding=None)
+        )
+        self.streams: dict[int, _ServerStream] = {}
+        self.flow = _FlowControl()
+        self.writer: _Writer | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.writer = _Writer(transport)
+        self.server.protocols.add(self)
+        self.conn.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_BYTES,
+            },
+        )
+        self.conn.initiate_connection()
+        self.conn.increment_flow_control_window(WINDOW_BYTES * 16)
+        self.flush()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def pause_writing(self) -> None:
+        assert self.writer is not None
+        self.writer.pause()
+
+    def resume_writing(self) -> None:
+        assert self.writer is not None
+        self.writer.resume()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.protocols.discard(self)
+        for stream in self.streams.values():
+            if stream.task is not None:
+                stream.task.cancel()
+        if self.writer is not None:
+            self.writer.closed = True
+            self.writer.resume()
+        self.flow.opened(None)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            self.flush()  # h2 queued a GOAWAY
+            self.transport.close()
+            return
+        for event in events:
+            self._event(event)
+        self.flush()
+
+    def _event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            headers = {
+                bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1")
+                for k, v in event.headers or ()
+            }
+            self.streams[event.stream_id] = _ServerStream(headers)
+            if event.stream_ended is not None:
+                self._dispatch(event.stream_id)
+        elif isinstance(event, h2.events.DataReceived):
+            stream = self.streams.get(event.stream_id)
+            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            if stream is None or event.data is None:
+                return
+            stream.body_bytes += len(event.data)
+            if stream.body_bytes > self.server.limits.max_message_bytes:
+                if not stream.refused:
+                    stream.refused = True
+                    stream.body = []
+                    self._spawn(event.stream_id, self._answer_refused(event.stream_id))
+            elif not stream.refused:
+                stream.body.append(event.data)
+        elif isinstance(event, h2.events.StreamEnded):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None and not stream.refused:
+                self._dispatch(event.stream_id)
+        elif isinstance(event, h2.events.StreamReset):
+            stream = self.streams.pop(event.stream_id, None)
+            if stream is not None and stream.task is not None:
+                stream.task.cancel()
+            self.flow.window_events.pop(event.stream_id, None)
+        elif isinstance(event, h2.events.WindowUpdated):
+            self.flow.opened(event.stream_id)
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self.flow.opened(None)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.transport.close()
+
+    def _spawn(self, stream_id: int, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            stream.task = task
+
+    def _dispatch(self, stream_id: int) -> None:
+        self._spawn(stream_id, self._respond(stream_id))
+
+    async def _answer_refused(self, stream_id: int) -> None:
+        with contextlib.suppress(h2.exceptions.H2Error, OSError):
+            await self._send(stream_id, error(413, "body too large"))
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+            self.flush()
+
+    async def _respond(self, stream_id: int) -> None:
+        stream = self.streams[stream_id]
+        h = stream.headers
+        try:
+            response = self.server.app.handle(
+                h.get(":method", ""), h.get(":path", ""), h, b"".join(stream.body)
+            )
+            await self._send(stream_id, response)
+        except (h2.exceptions.H2Error, OSError, asyncio.CancelledError):
+            # the stream was reset or the connection lost: nothing left to answer
+            with contextlib.suppress(h2.exceptions.H2Error):
+                if not self.transport.is_closing():
+                    self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+                    self.flush()
+        finally:
+            self.streams.pop(stream_id, None)
+            self.flow.window_events.pop(stream_id, None)
+
+    async def _send(self, stream_id: int, response: Response) -> None:
+        assert self.writer is not None
+        headers = [
+            (":status", str(response.status)),
+            ("content-type", response.content_type),
+        ]
+        if response.stream is None:
+            headers.append(("content-length", str(len(response.body))))
+            self.conn.send_headers(stream_id, headers, end_stream=not response.body)
+            self.flush()
+            if response.body:
+                await self.flow.send(
+                    self.conn, self.flush, self.writer, stream_id, response.body, True
+                )
+            return
+        self.conn.send_headers(stream_id, headers)
+        self.flush()
+        async with contextlib.aclosing(response.stream) as frames:
+            async for frame in frames:
+                if self.writer.closed:
+                    raise ConnectionResetError("connection lost")
+                if frame:
+                    await self.flow.send(self.conn, self.flush, self.writer, stream_id, frame)
+        self.conn.end_stream(stream_id)
+        self.flush()
+
+
+class Http2Server(Server):
+    transport: ClassVar[str] = "http2"
+
+    def __init__(
+        self, *args: object, registry: ic.SchemaRegistry | None = None, **kwargs: object
+    ) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.app = HttpApp(self.service, self.codec, registry=registry)
+        self.protocols: set[_H2ServerProtocol] = set()
+        if self.ssl_context is not None:
+            self.ssl_context.set_alpn_protocols(["h2"])
+
+    async def start(self) -> tuple[str, int]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: _H2ServerProtocol(self), self.host, self.port, ssl=self.ssl_context
+        )
+        return self._bound(server)
+
+    async def stop(self) -> None:
+        for protocol in list(self.protocols):
+            protocol.transport.abort()
+        await super().stop()
+
+
+class _ClientStream:
+    __slots__ = ("complete", "data", "event", "failure", "headers", "unacked")
+
+    def __init__(self) -> None:
+        self.headers: dict[str, str] | None = None
+        self.data: list[bytes] = []
+        self.unacked = 0
+        self.complete = False
+        self.failure: Exception | None = None
+        self.event = asyncio.Event()
+
+
+class _H2ClientProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
+        self.streams: dict[int, _ClientStream] = {}
+        self.flow = _FlowControl()
+        self.writer: _Writer | None = None
+        self.failure: Exception | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.writer = _Writer(transport)
+        self.conn.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
+            },
+        )
+        self.conn.initiate_connection()
+        self.conn.increment_flow_control_window(WINDOW_BYTES * 16)
+        self.flush()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def pause_writing(self) -> None:
+        assert self.writer is not None
+        self.writer.pause()
+
+    def resume_writing(self) -> None:
+        assert self.writer is not None
+        self.writer.resume()
+
+    def _fail_all(self, failure: Exception) -> None:
+        self.failure = failure
+        for stream in self.streams.values():
+            if not stream.complete and stream.failure is None:
+                stream.failure = failure
+            stream.event.set()
+        self.flow.opened(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.writer is not None:
+            self.writer.closed = True
+            self.writer.resume()
+        self._fail_all(StreamTruncatedError(f"http2: connection lost ({exc!r})"))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            self.flush()
+            self.transport.close()
+            self._fail_all(ProtocolError(f"http2: {exc}"))
+            return
+        for event in events:
+            stream_id = getattr(event, "stream_id", None)
+            stream = self.streams.get(stream_id) if stream_id else None
+            if isinstance(event, h2.events.ResponseReceived) and stream is not None:
+                stream.headers = {
+                    bytes(k).decode("latin-1"): bytes(v).decode("latin-1")
+                    for k, v in event.headers or ()
+                }
+                stream.event.set()
+            elif isinstance(event, h2.events.DataReceived):
+                if stream is None:
+                    self.conn.acknowledge_received_data(
+                        event.flow_controlled_length, event.stream_id
+                    )
+                    continue
+                if event.data:
+                    stream.data.append(event.data)
+                stream.unacked += event.flow_controlled_length
+                stream.event.set()
+            elif isinstance(event, h2.events.StreamEnded) and stream is not None:
+                stream.complete = True
+                stream.event.set()
+            elif isinstance(event, h2.events.StreamReset) and stream is not None:
+                stream.failure = CancelledByPeerError(
+                    f"http2: stream reset by the server ({event.error_code!r})"
+                )
+                stream.event.set()
+            elif isinstance(event, h2.events.WindowUpdated):
+                self.flow.opened(event.stream_id)
+            elif isinstance(event, h2.events.RemoteSettingsChanged):
+                self.flow.opened(None)
+            elif isinstance(event, h2.events.ConnectionTerminated):
+                self._fail_all(
+                    StreamTruncatedError(f"http2: GOAWAY from the server ({event.error_code!r})")
+                )
+                self.transport.close()
+        self.flush()
+
+
+class Http2Client(Client):
+    """One connection, every request a stream on it; opened on first use."""
+
+    transport: ClassVar[str] = "http2"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._protocol: _H2ClientProtocol | None = None
+        self._connecting = asyncio.Lock()
+        authority = f"[{self.host}]" if ":" in self.host else self.host
+        self._authority = f"{authority}:{self.port}"
+        self._scheme = "https" if self.ssl_context is not None else "http"
+        if self.ssl_context is not None:
+            self.ssl_context.set_alpn_protocols(["h2"])
+
+    async def _connection(self) -> _H2ClientProtocol:
+        async with self._connecting:
+            protocol = self._protocol
+            if protocol is None or protocol.transport.is_closing() or protocol.failure:
+                loop = asyncio.get_running_loop()
+                try:
+                    async with asyncio.timeout(self.limits.timeout_s):
+                        transport, protocol = await loop.create_connection(
+                            _H2ClientProtocol,
+                            self.host,
+                            self.port,
+                            ssl=self.ssl_context,
+                            server_hostname=self.host if self.ssl_context else None,
+                        )
+                except TimeoutError as exc:
+                    raise TransportTimeoutError(f"http2: connect to {self._authority}") from exc
+                except (OSError, ssl.SSLError) as exc:
+                    raise ConnectError(f"http2: connect to {self._authority}: {exc}") from exc
+                if self.ssl_context is not None:
+                    sslobj = transport.get_extra_info("ssl_object")
+                    if sslobj is None or sslobj.selected_alpn_protocol() != "h2":
+                        transport.close()
+                        raise ConnectError("http2: the server did not agree to h2 over ALPN")
+                self._protocol = protocol
+            return protocol
+
+    async def _open(
+        self, path: str, content_type: str, accept: str, body: bytes
+    ) -> tuple[_H2ClientProtocol, int, _ClientStream]:
+        if len(body) > self.limits.max_message_bytes:
+            raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
+        protocol = await self._connection()
+        conn = protocol.conn
+        try:
+            stream_id = conn.get_next_available_stream_id()
+            stream = _ClientStream()
+            protocol.streams[stream_id] = stream
+            conn.send_headers(
+                stream_id,
+                [
+                    (":method", "POST"),
+                    (":scheme", self._scheme),
+                    (":authority", self._authority),
+                    (":path", path),
+                    ("content-type", content_type),
+                    ("accept", accept),
+                    ("content-length", str(len(body))),
+                ],
+            )
+            assert protocol.writer is not None
+            await protocol.flow.send(conn, protocol.flush, protocol.writer, stream_id, body, True)
+        except h2.exceptions.H2Error as exc:
+            raise ProtocolError(f"http2: {exc}") from exc
+        return protocol, stream_id, stream
+
+    async def _wait(self, stream: _ClientStream) -> None:
+        try:
+            async with asyncio.timeout(self.limits.timeout_s):
+                await stream.event.wait()
+        except TimeoutError as exc:
+            raise TransportTimeoutError("http2: read timed out") from exc
+        stream.event.clear()
+
+    async def _headers(self, stream: _ClientStream) -> int:
+        while stream.headers is None:
+            if stream.failure is not None:
+                raise stream.failure
+            await self._wait(stream)
+        return int(stream.headers.get(":status", "0"))
+
+    def _ack(self, protocol: _H2ClientProtocol, stream_id: int, stream: _ClientStream) -> None:
+        if stream.unacked and not protocol.transport.is_closing():
+            with contextlib.suppress(h2.exceptions.H2Error):
+                protocol.conn.acknowledge_received_data(stream.unacked, stream_id)
+                protocol.flush()
+        stream.unacked = 0
+
+    async def _body(
+        self, protocol: _H2ClientProtocol, stream_id: int, stream: _ClientStream
+    ) -> bytes:
+        size = 0
+        parts: list[bytes] = []
+        while True:
+            if stream.data:
+                size += sum(map(len, stream.data))
+                parts += stream.data
+                stream.data = []
+                if size > self.limits.max_message_bytes:
+                    raise MessageTooLargeError("http2: response over the limit")
+                self._ack(protocol, stream_id, stream)
+            if stream.complete:
+                return b"".join(parts)
+            if stream.failure is not None:
+                raise stream.failure
+            await self._wait(stream)
+
+    def _finish(self, protocol: _H2ClientProtocol, stream_id: int, stream: _ClientStream) -> None:
+        """Forget the stream; cancel it on the server if it did not end."""
+        protocol.streams.pop(stream_id, None)
+        if not stream.complete and stream.failure is None and not protocol.transport.is_closing():
+            with contextlib.suppress(h2.exceptions.H2Error):
+                protocol.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+                protocol.flush()
+
+    async def infer(self, request: ic.InferRequest) -> ic.InferResponse:
+        media = self.codec.media_type
+        payload = self.codec.encode(request)
+        protocol, stream_id, stream = await self._open(
+            f"/v2/models/{request.model}/infer", media, media, payload
+        )
+        try:
+            status = await self._headers(stream)
+            body = await self._body(protocol, stream_id, stream)
+        finally:
+            self._finish(protocol, stream_id, stream)
+        if status != 200:
+            raise RemoteError(status, error_detail(body))
+        try:
+            return self.codec.decode(body, ic.InferResponse)
+        except ic.CodecError as exc:
+            raise ProtocolError(f"http2: {exc}") from exc
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[ic.TokenChunk]:
+        body = orjson.dumps({**request.to_json_obj(), "stream": True})
+        protocol, stream_id, stream = await self._open(
+            "/v1/chat/completions", "application/json", self.codec.stream_media_type, body
+        )
+        count = 0
+        try:
+            status = await self._headers(stream)
+            if status != 200:
+                raise RemoteError(
+                    status, error_detail(await self._body(protocol, stream_id, stream))
+                )
+            decoder = self.codec.stream_decoder(max_frame_bytes=self.limits.max_message_bytes)
+            while True:
+                if stream.data:
+                    data = b"".join(stream.data) if len(stream.data) > 1 else stream.data[0]
+                    stream.data = []
+                    try:
+                        chunks = decoder.feed(data)
+                    except ic.CodecError as exc:
+                        raise ProtocolError(f"http2: {exc}") from exc
+                    for chunk in chunks:
+                        count += 1
+                        yield chunk
+                    self._ack(protocol, stream_id, stream)  # consumed: open the window
+                    continue
+                if stream.complete:
+                    break
+                if stream.failure is not None:
+                    if isinstance(stream.failure, StreamTruncatedError):
+                        stream.failure.chunks_received = count
+                    raise stream.failure
+                await self._wait(stream)
+            try:
+                decoder.close()
+            except ic.IncompleteStreamError as exc:
+                raise StreamTruncatedError(
+                    f"http2: stream ended after {count} chunks", chunks_received=count
+                ) from exc
+        finally:
+            self._finish(protocol, stream_id, stream)
+
+    async def close(self) -> None:
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None and not protocol.transport.is_closing():
+            with contextlib.suppress(h2.exceptions.H2Error):
+                protocol.conn.close_connection()
+                protocol.flush()
+            protocol.transport.close()

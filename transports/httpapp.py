@@ -1,0 +1,150 @@
+"""The HTTP routes of the simulated service, shared by the HTTP/1.1 and HTTP/2 servers.
+
+=======  ==============================  ===========================================
+method   path                            answer
+=======  ==============================  ===========================================
+POST     /v1/chat/completions            a token stream (``"stream": true``): SSE for
+                                         the JSON codecs (OpenAI-compatible, ending with
+                                         ``data: [DONE]``), else the codec's frames
+POST     /v2/models/{name}/infer         KServe v2 unary inference, body in the codec
+GET      /v2/health/ready                200 once serving
+GET      /schemas/ids/{id}               a schema of the registry (Confluent's paths)
+GET      /subjects/{subject}/versions    the versions of a subject
+=======  ==============================  ===========================================
+
+Errors are JSON bodies in OpenAI's shape (``{"error": {"message", "type", "code"}}``).
+Routing is sans-IO: :meth:`HttpApp.handle` takes a complete request and gives back a
+:class:`Response` whose body is bytes or an async iterator of frames.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import re
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import orjson
+
+import inferwire.codecs as ic
+
+from .common import error_body
+from .service import BadRequestError, GenerateRequest, SimulatedService
+
+_INFER_PATH: Final = re.compile(r"/v2/models/([A-Za-z0-9_.\-]{1,128})/infer")
+_SCHEMA_PATH: Final = re.compile(r"/schemas/ids/([0-9]{1,10})")
+_VERSIONS_PATH: Final = re.compile(r"/subjects/([A-Za-z0-9_.\-]{1,256})/versions")
+_JSON: Final = "application/json"
+
+
+@dataclass(slots=True)
+class Response:
+    status: int
+    content_type: str
+    body: bytes = b""
+    stream: AsyncGenerator[bytes, None] | None = None
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error") -> Response:
+    return Response(status, _JSON, error_body(status, message, kind))
+
+
+def _media(value: str) -> str:
+    return value.split(";", 1)[0].strip().lower()
+
+
+class HttpApp:
+    """Routes requests to ``service``; streams and bodies in ``codec``."""
+
+    def __init__(
+        self,
+        service: SimulatedService,
+        codec: ic.Codec,
+        *,
+        registry: ic.SchemaRegistry | None = None,
+    ) -> None:
+        self.service = service
+        self.codec = codec
+        self.registry = registry
+        self.sse = codec.stream_media_type == "text/event-stream"
+
+    def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Response:
+        """The answer to one request; ``headers`` has lower-case names."""
+        path = path.split("?", 1)[0]
+        if path == "/v1/chat/completions":
+            if method != "POST":
+                return error(405, "use POST")
+            return self._generate(headers, body)
+        match = _INFER_PATH.fullmatch(path)
+        if match:
+            if method != "POST":
+                return error(405, "use POST")
+            return self._infer(match.group(1), headers, body)
+        if method != "GET":
+            return error(404 if path != "/v2/health/ready" else 405, f"no route {path}")
+        if path == "/v2/health/ready":
+            return Response(200, _JSON, b"{}")
+        match = _SCHEMA_PATH.fullmatch(path)
+        if match and self.registry is not None:
+            return self._schema(int(match.group(1)))
+        match = _VERSIONS_PATH.fullmatch(path)
+        if match and self.registry is not None:
+            subject = match.group(1)
+            if subject not in self.registry.subjects():
+                return error(404, f"subject {subject!r} not found", "not_found")
+            return Response(200, _JSON, orjson.dumps(self.registry.versions(subject)))
+        return error(404, f"no route {path}", "not_found")
+
+    def _generate(self, headers: Mapping[str, str], body: bytes) -> Response:
+        if _media(headers.get("content-type", _JSON)) != _JSON:
+            return error(415, "the request body is JSON")
+        accept = headers.get("accept", "*/*")
+        wanted = {_media(part) for part in accept.split(",")}
+        mine = self.codec.stream_media_type
+        if not wanted & {mine, "*/*", _JSON, "text/event-stream" if self.sse else mine}:
+            return error(406, f"this server streams {mine}, not {accept}")
+        try:
+            obj = orjson.loads(body)
+            request = GenerateRequest.from_json_obj(obj)
+            if isinstance(obj, dict) and obj.get("stream") is False:
+                raise BadRequestError("only streaming completions are served: set stream")
+            self.service.chunks(request)  # refuse a bad request before the stream starts
+        except (orjson.JSONDecodeError, BadRequestError) as exc:
+            return error(400, str(exc))
+        return Response(200, mine, stream=self._frames(request))
+
+    async def _frames(self, request: GenerateRequest) -> AsyncGenerator[bytes, None]:
+        encoder = self.codec.stream_encoder()
+        async with contextlib.aclosing(self.service.generate(request)) as chunks:
+            async for chunk in chunks:
+                yield encoder.encode(chunk)
+        yield encoder.end()
+
+    def _infer(self, model: str, headers: Mapping[str, str], body: bytes) -> Response:
+        content_type = _media(headers.get("content-type", ""))
+        if content_type != self.codec.media_type:
+            return error(415, f"this server reads {self.codec.media_type}, not {content_type!r}")
+        try:
+            request = self.codec.decode(body, ic.InferRequest)
+            if request.model != model:
+                raise BadRequestError(f"path names model {model!r}, body {request.model!r}")
+            payload = self.codec.encode(self.service.infer(request))
+        except (ic.CodecError, BadRequestError) as exc:
+            return error(400, str(exc))
+        return Response(200, self.codec.media_type, payload)
+
+    def _schema(self, schema_id: int) -> Response:
+        assert self.registry is not None
+        try:
+            schema = self.registry.resolve(schema_id)
+        except ic.UnknownSchemaError:
+            return error(404, f"schema {schema_id} not found", "not_found")
+        document = {
+            "schemaType": "PROTOBUF",
+            "encoding": "FileDescriptorSet+base64",
+            "schema": base64.b64encode(schema.descriptor_set).decode(),
+        }
+        return Response(200, _JSON, orjson.dumps(document))

@@ -1,0 +1,164 @@
+"""The simulated inference service that every transport serves, so protocols compare on
+identical work.
+
+A request names a seeded token-stream workload; the service replays its chunks, paced like a
+model: ``prefill_s`` before the first chunk (time to first token) and ``decode_s`` per token
+after it, on an absolute schedule so that pacing does not drift with the time spent sending.
+Both zero measures serialization and transport alone.
+
+The service does not build workloads itself (they live in ``inferwire.bench``, which depends on
+the transports, not the other way round): the caller passes a ``source`` that turns a request
+into its chunks. Streams are cached per (workload, seed), so a server times what it sends, not
+how the payload was made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from inferwire.codecs import InferRequest, InferResponse, Tensor, TokenChunk
+
+MAX_TOKENS_LIMIT: Final = 1 << 20
+
+
+class BadRequestError(ValueError):
+    """A request the service cannot answer: transports send it back as 400 /
+    ``INVALID_ARGUMENT`` and keep serving."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateRequest:
+    """Ask for a token stream: the chunks of ``workload`` made with ``seed``, cut after
+    ``max_tokens`` tokens (``None``: all of them)."""
+
+    workload: str = "stream-256"
+    seed: int = 0
+    max_tokens: int | None = None
+    prompt_tokens: int = 0
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.workload, str) or not self.workload:
+            raise BadRequestError("workload must be a non-empty string")
+        for name in ("seed", "prompt_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or not 0 <= value < 1 << 63:
+                raise BadRequestError(f"{name} must be a non-negative integer")
+        if self.max_tokens is not None and (
+            type(self.max_tokens) is not int or not 0 < self.max_tokens <= MAX_TOKENS_LIMIT
+        ):
+            raise BadRequestError(f"max_tokens must be an integer in 1..{MAX_TOKENS_LIMIT}")
+        if not isinstance(self.model, str):
+            raise BadRequestError("model must be a string")
+
+    def to_json_obj(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {"workload": self.workload, "seed": self.seed}
+        if self.max_tokens is not None:
+            obj["max_tokens"] = self.max_tokens
+        if self.prompt_tokens:
+            obj["prompt_tokens"] = self.prompt_tokens
+        if self.model:
+            obj["model"] = self.model
+        return obj
+
+    @classmethod
+    def from_json_obj(cls, obj: object) -> GenerateRequest:
+        """From our own request object, or an OpenAI chat completion request body (its
+        ``model``, ``max_tokens`` or ``max_completion_tokens`` and ``seed``; ``workload`` is
+        our extension, sent by the OpenAI SDK as ``extra_body``)."""
+        if not isinstance(obj, Mapping):
+            raise BadRequestError("the request body must be a JSON object")
+        max_tokens = obj.get("max_tokens", obj.get("max_completion_tokens"))
+        fields: dict[str, Any] = {
+            "workload": obj.get("workload", "stream-256"),
+            "seed": obj.get("seed", 0),
+            "max_tokens": max_tokens,
+            "prompt_tokens": obj.get("prompt_tokens", 0),
+            "model": obj.get("model", ""),
+        }
+        if fields["seed"] is None:
+            fields["seed"] = 0
+        return cls(**fields)
+
+
+Source = Callable[[str, int], Sequence[TokenChunk]]
+"""Makes the chunks of a named workload with a seed; raises ``KeyError`` for unknown names."""
+
+
+class SimulatedService:
+    """Token streams and unary inference with configurable pacing; see the module docstring."""
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        prefill_s: float = 0.0,
+        decode_s: float = 0.0,
+        cache_size: int = 64,
+    ) -> None:
+        if prefill_s < 0 or decode_s < 0:
+            raise ValueError("prefill and decode times cannot be negative")
+        self.prefill_s = prefill_s
+        self.decode_s = decode_s
+        self._chunks = functools.lru_cache(maxsize=cache_size)(source)
+        self.active_streams = 0
+        """Streams being generated now: a client that goes away must bring this back down."""
+        self.streams_started = 0
+
+    def chunks(self, request: GenerateRequest) -> Sequence[TokenChunk]:
+        """The chunks ``request`` asks for, in order. Raises :class:`BadRequestError`."""
+        try:
+            chunks = self._chunks(request.workload, request.seed)
+        except KeyError:
+            raise BadRequestError(f"unknown workload {request.workload!r}") from None
+        if not chunks or not all(isinstance(c, TokenChunk) for c in chunks[:1]):
+            raise BadRequestError(f"workload {request.workload!r} is not a token stream")
+        if request.max_tokens is not None:
+            chunks = _cut(chunks, request.max_tokens)
+        if request.model:
+            chunks = [replace(c, model=request.model) for c in chunks]
+        return chunks
+
+    async def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenChunk, None]:
+        """The paced stream. Cancelling the consumer's task ends it (and its accounting)."""
+        chunks = self.chunks(request)
+        self.active_streams += 1
+        self.streams_started += 1
+        try:
+            start = time.monotonic()
+            due = start + self.prefill_s
+            for chunk in chunks:
+                if self.prefill_s or self.decode_s:
+                    delay = due - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    due += self.decode_s * max(1, len(chunk.token_ids))
+                yield chunk
+        finally:
+            self.active_streams -= 1
+
+    def infer(self, request: InferRequest) -> InferResponse:
+        """Echo: each input comes back as ``output_<i>``, the same array (no copy)."""
+        if not isinstance(request, InferRequest):
+            raise BadRequestError("infer takes an InferRequest")
+        outputs = tuple(
+            Tensor(name=f"output_{i}", datatype=t.datatype, shape=t.shape, data=t.data)
+            for i, t in enumerate(request.inputs)
+        )
+        return InferResponse(model=request.model, id=request.id, outputs=outputs)
+
+
+def _cut(chunks: Sequence[TokenChunk], max_tokens: int) -> list[TokenChunk]:
+    out: list[TokenChunk] = []
+    tokens = 0
+    for chunk in chunks:
+        if tokens >= max_tokens:
+            break
+        out.append(chunk)
+        tokens += len(chunk.token_ids)
+    return out

@@ -1,0 +1,212 @@
+"""``tcp``: the floor. asyncio streams carrying the codec's own stream bytes, nothing else.
+
+Wire, on one connection, one request at a time::
+
+    request    op (1 byte: b"G" generate, b"I" infer), length (4 bytes, big-endian), body
+               generate body: the request as JSON; infer body: the codec's InferRequest
+    response   status (1 byte: 0 ok, 1 error), then
+               ok, generate: the codec's stream (its framing and end marker)
+               ok, infer:    length (4 bytes, big-endian), the codec's InferResponse
+               error:        length (4 bytes, big-endian), a JSON error body
+
+A server that fails mid-stream closes the connection, so the client sees a truncated stream,
+never a short complete one. A request longer than the limit is answered with an error and the
+connection closed (its body is never read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from collections.abc import AsyncIterator
+from typing import ClassVar, Final
+
+import orjson
+
+import inferwire.codecs as ic
+
+from .base import Client, Server
+from .common import aclose_quietly, connect_tcp, error_body, error_detail, mapped
+from .errors import MessageTooLargeError, ProtocolError, RemoteError, StreamTruncatedError
+from .service import BadRequestError, GenerateRequest
+
+_HEAD: Final = struct.Struct(">cI")
+_LEN: Final = struct.Struct(">I")
+OP_GENERATE: Final = b"G"
+OP_INFER: Final = b"I"
+OK: Final = b"\x00"
+ERROR: Final = b"\x01"
+_READ_BYTES: Final = 256 * 1024
+
+
+class TcpServer(Server):
+    transport: ClassVar[str] = "tcp"
+
+    async def start(self) -> tuple[str, int]:
+        server = await asyncio.start_server(
+            self._handle, self.host, self.port, ssl=self.ssl_context, limit=_READ_BYTES
+        )
+        return self._bound(server)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._track()
+        try:
+            while await self._one(reader, writer):
+                pass
+        except (OSError, asyncio.IncompleteReadError, TimeoutError, asyncio.CancelledError):
+            pass  # the client went away (or the server stops): its stream was closed by _one
+        finally:
+            await aclose_quietly(writer)
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Serve one request; False when the connection should close."""
+        head = await reader.read(_HEAD.size)  # idle keep-alive: no timeout until a request
+        if not head:
+            return False
+        if len(head) < _HEAD.size:
+            async with asyncio.timeout(self.limits.timeout_s):
+                head += await reader.readexactly(_HEAD.size - len(head))
+        op, length = _HEAD.unpack(head)
+        if length > self.limits.max_message_bytes:
+            await _answer_error(writer, 413, f"request of {length} bytes is over the limit")
+            return False
+        async with asyncio.timeout(self.limits.timeout_s):
+            body = await reader.readexactly(length)
+        if op == OP_GENERATE:
+            try:
+                request = GenerateRequest.from_json_obj(orjson.loads(body))
+                self.service.chunks(request)  # refuse a bad request before the stream starts
+            except (orjson.JSONDecodeError, BadRequestError) as exc:
+                await _answer_error(writer, 400, str(exc))
+                return True
+            writer.write(OK)
+            encoder = self.codec.stream_encoder()
+            async with contextlib.aclosing(self.service.generate(request)) as chunks:
+                async for chunk in chunks:
+                    writer.write(encoder.encode(chunk))
+                    await writer.drain()
+            writer.write(encoder.end())
+            await writer.drain()
+            return True
+        if op == OP_INFER:
+            try:
+                response = self.service.infer(self.codec.decode(body, ic.InferRequest))
+                payload = self.codec.encode(response)
+            except (ic.CodecError, BadRequestError) as exc:
+                await _answer_error(writer, 400, str(exc))
+                return True
+            writer.write(OK + _LEN.pack(len(payload)))
+            writer.write(payload)
+            await writer.drain()
+            return True
+        await _answer_error(writer, 400, f"unknown operation {op!r}")
+        return False
+
+
+async def _answer_error(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+    body = error_body(status, message)
+    writer.write(ERROR + _LEN.pack(len(body)) + body)
+    await writer.drain()
+
+
+class TcpClient(Client):
+    """One connection, opened on first use and reused; requests take turns on it."""
+
+    transport: ClassVar[str] = "tcp"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._lock = asyncio.Lock()
+
+    async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._conn is None or self._conn[1].is_closing():
+            self._conn = await connect_tcp(
+                self.host,
+                self.port,
+                ssl_context=self.ssl_context,
+                timeout_s=self.limits.timeout_s,
+                limit=_READ_BYTES,
+            )
+        return self._conn
+
+    async def _drop(self) -> None:
+        if self._conn is not None:
+            await aclose_quietly(self._conn[1])
+            self._conn = None
+
+    async def _send(self, op: bytes, body: bytes) -> asyncio.StreamReader:
+        if len(body) > self.limits.max_message_bytes:
+            raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
+        reader, writer = await self._connection()
+        with mapped("tcp send"):
+            writer.write(_HEAD.pack(op, len(body)))
+            writer.write(body)
+            await writer.drain()
+            status = await reader.readexactly(1)
+            if status == ERROR:
+                (length,) = _LEN.unpack(await reader.readexactly(4))
+                detail = error_detail(await reader.readexactly(min(length, 1 << 16)))
+                await self._drop()
+                raise RemoteError(400 if length else 500, detail)
+        if status != OK:
+            await self._drop()
+            raise ProtocolError(f"tcp: bad status byte {status!r}")
+        return reader
+
+    async def infer(self, request: ic.InferRequest) -> ic.InferResponse:
+        payload = self.codec.encode(request)
+        async with self._lock:
+            try:
+                async with asyncio.timeout(self.limits.timeout_s):
+                    reader = await self._send(OP_INFER, payload)
+                    with mapped("tcp infer"):
+                        (length,) = _LEN.unpack(await reader.readexactly(4))
+                        if length > self.limits.max_message_bytes:
+                            raise MessageTooLargeError(f"response of {length} bytes")
+                        body = await reader.readexactly(length)
+                        return self.codec.decode(body, ic.InferResponse)
+            except BaseException:
+                await self._drop()
+                raise
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[ic.TokenChunk]:
+        body = orjson.dumps(request.to_json_obj())
+        async with self._lock:
+            done = False
+            count = 0
+            try:
+                async with asyncio.timeout(self.limits.timeout_s) as deadline:
+                    reader = await self._send(OP_GENERATE, body)
+                    decoder = self.codec.stream_decoder(
+                        max_frame_bytes=self.limits.max_message_bytes
+                    )
+                    loop = asyncio.get_running_loop()
+                    while not decoder.finished:
+                        deadline.reschedule(loop.time() + self.limits.timeout_s)
+                        try:
+                            data = await reader.read(_READ_BYTES)
+                        except OSError:
+                            data = b""  # reset: reported below as a truncated stream
+                        if not data:
+                            try:
+                                decoder.close()
+                            except ic.IncompleteStreamError as exc:
+                                raise StreamTruncatedError(
+                                    f"tcp: connection closed after {count} chunks",
+                                    chunks_received=count,
+                                ) from exc
+                        with mapped("tcp stream"):
+                            chunks = decoder.feed(data)
+                        deadline.reschedule(None)  # the consumer's pace is not our timeout
+                        for chunk in chunks:
+                            count += 1
+                            yield chunk
+                done = True
+            finally:
+                if not done:
+                    await self._drop()  # mid-stream: the connection cannot be reused
+
+    async def close(self) -> None:
+        await self._drop()
