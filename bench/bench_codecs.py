@@ -12,8 +12,6 @@ holds the baselines the issue's targets are ratios against (a plain memcpy).
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any
 
 import numpy as np
@@ -22,6 +20,7 @@ import pytest
 import inferwire.codecs as ic
 from inferwire.bench import workloads
 from inferwire.bench.baselines import BASELINES, read_all
+from inferwire.bench.measure import paired_ratio
 
 MATRIX = [
     (codec, workload)
@@ -125,25 +124,6 @@ def bench_codec(benchmark: Any, codec_name: str, workload: str, op: str) -> None
         wire = len(data)
         correct = result == message
     _record(benchmark, codec_name, workload, op, wire, len(messages), correct)
-
-
-def paired_ratio(subject: Any, baseline: Any, pairs: int) -> float:
-    """Median over ``pairs`` back-to-back runs of ``subject`` time / ``baseline`` time.
-
-    Benchmarks timed one after the other drift with this machine's load and clock; a pair run
-    within milliseconds of each other, in alternating order, cancels most of that.
-    """
-    ratios = []
-    for i in range(pairs):
-        first, second = (subject, baseline) if i % 2 else (baseline, subject)
-        start = time.perf_counter()
-        first()
-        middle = time.perf_counter()
-        second()
-        end = time.perf_counter()
-        a, b = middle - start, end - middle
-        ratios.append(b / a if i % 2 == 0 else a / b)
-    return statistics.median(ratios)
 
 
 @pytest.mark.parametrize(("codec_name", "workload"), WRAPPER)

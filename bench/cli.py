@@ -18,46 +18,59 @@ HERE = Path(__file__).resolve().parent
 RAW_NAME = "codecs.json"
 
 
+SUITES = (("bench_codecs.py", RAW_NAME), ("bench_transports.py", "transports.json"))
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import report
 
     out: Path = args.out
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    raw_path = raw / RAW_NAME
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        str(HERE / "bench_codecs.py"),
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "--import-mode=importlib",
-        # the suites' naming, so an installed (non-checkout) copy collects them too
-        "-o",
-        "python_files=bench_*.py",
-        "-o",
-        "python_functions=bench_*",
-        f"--benchmark-json={raw_path}",
-        "--benchmark-warmup=on",
-        f"--benchmark-max-time={args.max_time}",
-        "--benchmark-min-rounds=5",
-        "--benchmark-columns=median,iqr,rounds",
-        "--benchmark-sort=name",
-    ]
-    if args.filter:
-        command += ["-k", args.filter]
-    # rootdir/config: the project's pytest settings apply when run from a checkout
-    completed = subprocess.run(command, cwd=HERE.parent, check=False)
-    if completed.returncode != 0:
-        print(
-            f"benchmark run failed (exit {completed.returncode}); results not written",
-            file=sys.stderr,
-        )
-        return completed.returncode
-    _trim(raw_path)
-    written = report.write(raw_path, out)
+    for suite, raw_name in SUITES:
+        raw_path = raw / raw_name
+        partial = raw_path.with_suffix(".partial.json")
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(HERE / suite),
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--import-mode=importlib",
+            # the suites' naming, so an installed (non-checkout) copy collects them too
+            "-o",
+            "python_files=bench_*.py",
+            "-o",
+            "python_functions=bench_*",
+            f"--benchmark-json={partial}",
+            "--benchmark-warmup=on",
+            f"--benchmark-max-time={args.max_time}",
+            "--benchmark-min-rounds=5",
+            "--benchmark-columns=median,iqr,rounds",
+            "--benchmark-sort=name",
+            # a -k that selects nothing in one suite is not an error (exit 5 is handled below)
+            "-W",
+            "ignore:Not saving anything:pytest_benchmark.logger.PytestBenchmarkWarning",
+        ]
+        if args.filter:
+            command += ["-k", args.filter]
+        # rootdir/config: the project's pytest settings apply when run from a checkout
+        completed = subprocess.run(command, cwd=HERE.parent, check=False)
+        if completed.returncode == 5 and args.filter:
+            print(f"{suite}: nothing matches -k {args.filter!r}; its results are kept as they were")
+            continue
+        if completed.returncode != 0:
+            partial.unlink(missing_ok=True)
+            print(
+                f"benchmark run {suite} failed (exit {completed.returncode}); results not written",
+                file=sys.stderr,
+            )
+            return completed.returncode
+        _trim(partial)
+        partial.replace(raw_path)
+    written = report.write(raw / RAW_NAME, out)
     print(f"wrote {written}")
     return 0
 

@@ -1,0 +1,165 @@
+"""Transports on identical work: a small unary round trip and a 256-token stream per
+transport x codec, with the server in its own process on loopback and no pacing (prefill and
+decode time zero), so what is timed is serialization and transport alone.
+
+Each benchmark also runs a paired comparison against the ``tcp`` floor with the same codec
+(``vs_tcp`` in ``extra_info``: the median of back-to-back pairs, see
+:func:`~inferwire.bench.measure.paired_ratio`), which is what the targets are stated in.
+Every response is checked against what the service produced; a wrong one fails the benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import inferwire.codecs as ic
+import inferwire.transports as it
+from inferwire.bench import servers
+from inferwire.bench.measure import paired_ratio
+from inferwire.bench.serving import workload_source
+
+PAIRS = 11
+STREAM_WORKLOAD = "stream-256"
+UNARY_CALLS = 20
+"""Round trips per timed call: one is tens of microseconds, below the timer's comfort."""
+STREAM_CODECS = ("orjson", "protobuf", "delta")
+UNARY_CODECS = ("orjson", "protobuf", "msgpack")
+TRANSPORTS = it.TRANSPORTS
+
+SMALL_REQUEST = ic.InferRequest(
+    model="sim",
+    id="small",
+    inputs=(
+        ic.Tensor(
+            name="x",
+            datatype="FP32",
+            shape=(1, 16),
+            data=np.arange(16, dtype=np.float32).reshape(1, 16),
+        ),
+    ),
+)
+
+
+class _Bench:
+    """One event loop, one server process per (transport, codec), one client each."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.servers: dict[tuple[str, str], servers.ServerProcess] = {}
+        self.clients: dict[tuple[str, str, str], it.Client] = {}
+        self.service = it.SimulatedService(workload_source)
+
+    def client(self, transport: str, codec: str, mode: str = "") -> it.Client:
+        key = (transport, codec, mode)
+        if key not in self.clients:
+            if (transport, codec) not in self.servers:
+                self.servers[transport, codec] = servers.serve(transport, codec).start()
+            server = self.servers[transport, codec]
+            options: dict[str, Any] = (
+                {"new_connection_per_request": True} if mode == "new-connection" else {}
+            )
+
+            async def make() -> it.Client:
+                return it.connect(transport, server.address, codec=codec, **options)
+
+            self.clients[key] = self.loop.run_until_complete(make())
+        return self.clients[key]
+
+    def run(self, coro: Callable[[], Coroutine[Any, Any, Any]]) -> Callable[[], Any]:
+        return lambda: self.loop.run_until_complete(coro())
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            self.loop.run_until_complete(client.close())
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
+        for server in self.servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def bench_env() -> Iterator[_Bench]:
+    env = _Bench()
+    yield env
+    env.close()
+
+
+def _unary(client: it.Client, calls: int) -> Callable[[], Coroutine[Any, Any, list[Any]]]:
+    async def go() -> list[Any]:
+        return [await client.infer(SMALL_REQUEST) for _ in range(calls)]
+
+    return go
+
+
+def _stream(client: it.Client) -> Callable[[], Coroutine[Any, Any, list[ic.TokenChunk]]]:
+    request = it.GenerateRequest(workload=STREAM_WORKLOAD)
+
+    async def go() -> list[ic.TokenChunk]:
+        return [chunk async for chunk in client.generate(request)]
+
+    return go
+
+
+def _unary_correct(responses: list[Any]) -> bool:
+    expected = it.SimulatedService(workload_source).infer(SMALL_REQUEST)
+    return all(r == expected for r in responses)
+
+
+@pytest.mark.parametrize("codec", UNARY_CODECS)
+@pytest.mark.parametrize("transport", [*TRANSPORTS, "http1-new-connection"])
+def bench_unary(benchmark: Any, bench_env: _Bench, transport: str, codec: str) -> None:
+    """``UNARY_CALLS`` small infer round trips in turn on a kept-alive connection (or a new
+    connection per request for ``http1-new-connection``)."""
+    name, _, mode = transport.partition("-")
+    client = bench_env.client(name, codec, mode)
+    benchmark.group = f"transport unary {codec}"
+    calls = 1 if benchmark.disabled else UNARY_CALLS
+    subject = bench_env.run(_unary(client, calls))
+    subject()  # warm: connect, first-call paths
+    responses = benchmark(subject)
+    pairs = 1 if benchmark.disabled else PAIRS
+    floor = bench_env.run(_unary(bench_env.client("tcp", codec), calls))
+    floor()
+    benchmark.extra_info.update(
+        transport=transport,
+        codec=codec,
+        op="unary",
+        calls=calls,
+        request_bytes=len(ic.get(codec).encode(SMALL_REQUEST)),
+        vs_tcp=paired_ratio(subject, floor, pairs),
+        pairs=pairs,
+        correct=_unary_correct(responses),
+    )
+    assert benchmark.extra_info["correct"], f"{transport} {codec}: wrong unary response"
+
+
+@pytest.mark.parametrize("codec", STREAM_CODECS)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def bench_stream(benchmark: Any, bench_env: _Bench, transport: str, codec: str) -> None:
+    """One whole ``stream-256`` response, request to end marker, no pacing."""
+    client = bench_env.client(transport, codec)
+    benchmark.group = f"transport stream {codec}"
+    subject = bench_env.run(_stream(client))
+    subject()
+    chunks = benchmark(subject)
+    expected = list(bench_env.service.chunks(it.GenerateRequest(workload=STREAM_WORKLOAD)))
+    pairs = 1 if benchmark.disabled else PAIRS
+    floor = bench_env.run(_stream(bench_env.client("tcp", codec)))
+    floor()
+    benchmark.extra_info.update(
+        transport=transport,
+        codec=codec,
+        op="stream",
+        workload=STREAM_WORKLOAD,
+        tokens=sum(len(c.token_ids) for c in expected),
+        chunks=len(expected),
+        vs_tcp=paired_ratio(subject, floor, pairs),
+        pairs=pairs,
+        correct=chunks == expected,
+    )
+    assert chunks == expected, f"{transport} {codec}: stream differs from the service's"

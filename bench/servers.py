@@ -1,0 +1,108 @@
+"""Servers in their own processes, for benchmarks (and anyone else who needs one): start
+``inferwire serve`` on a free loopback port, read the address it prints, stop it after.
+
+A server process shares no interpreter, GIL or event loop with the client that measures it, so
+the client's timings include what a real deployment pays: a socket between two processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Final
+
+_ADDRESS: Final = re.compile(r"listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)(?: ca=(\S+))?")
+START_TIMEOUT_S: Final = 60.0
+
+
+class ServerProcess:
+    """``inferwire serve`` (or ``proxy``) as a child process; a context manager."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = [sys.executable, "-m", "inferwire.bench.cli", *args]
+        self.process: subprocess.Popen[str] | None = None
+        self.host = ""
+        self.port = 0
+        self.ca_pem: bytes | None = None
+        self._ca_dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def start(self) -> ServerProcess:
+        args = list(self.args)
+        if "--tls" in args:
+            self._ca_dir = tempfile.TemporaryDirectory(prefix="inferwire-ca-")
+            args += ["--ca-out", str(Path(self._ca_dir.name, "ca.pem"))]
+        self.process = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        line: list[str] = []
+        reader = threading.Thread(
+            target=lambda: line.append(
+                self.process.stdout.readline() if self.process and self.process.stdout else ""
+            ),
+            daemon=True,
+        )
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        match = _ADDRESS.search(line[0]) if line else None
+        if match is None:
+            self.stop()
+            raise RuntimeError(f"{' '.join(self.args)} did not start: {line[:1]!r}")
+        self.host, self.port = match.group(1), int(match.group(2))
+        if match.group(3):
+            self.ca_pem = Path(match.group(3)).read_bytes()
+        return self
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        if process is not None and process.stdout is not None:
+            process.stdout.close()
+        if self._ca_dir is not None:
+            self._ca_dir.cleanup()
+            self._ca_dir = None
+
+    def kill(self) -> None:
+        """End it at once (SIGKILL), as a crash would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        self.stop()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def serve(transport: str, codec: str, *options: str) -> ServerProcess:
+    """A server of ``transport`` speaking ``codec`` (not started; use ``with``)."""
+    return ServerProcess("serve", "--transport", transport, "--codec", codec, *options)
+
+
+def proxy(upstream: str, delay_ms: float, *options: str) -> ServerProcess:
+    return ServerProcess("proxy", "--upstream", upstream, "--delay-ms", str(delay_ms), *options)

@@ -1,0 +1,137 @@
+"""The transport tables of ``results/README.md``, from ``raw/transports.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+RAW_NAME = "transports.json"
+TRANSPORT_TARGET = 3.0
+TRANSPORT_ORDER = ("tcp", "http1", "http1-new-connection", "http2", "grpc")
+
+
+@dataclass(frozen=True, slots=True)
+class TransportResult:
+    transport: str
+    codec: str
+    op: str
+    median_s: float
+    iqr_s: float
+    per: int
+    """Round trips (unary) or tokens (stream) in one timed call."""
+    vs_tcp: float
+    correct: bool
+
+    @property
+    def per_item_s(self) -> float:
+        return self.median_s / self.per
+
+    @property
+    def spread(self) -> float:
+        return self.iqr_s / self.median_s if self.median_s else 0.0
+
+
+def load(path: Path) -> list[TransportResult]:
+    raw = json.loads(path.read_text())
+    out = []
+    for bench in raw["benchmarks"]:
+        info = bench["extra_info"]
+        out.append(
+            TransportResult(
+                transport=info["transport"],
+                codec=info["codec"],
+                op=info["op"],
+                median_s=bench["stats"]["median"],
+                iqr_s=bench["stats"]["iqr"],
+                per=info["calls"] if info["op"] == "unary" else info["tokens"],
+                vs_tcp=info["vs_tcp"],
+                correct=info["correct"],
+            )
+        )
+    return out
+
+
+def _us(seconds: float) -> str:
+    micro = seconds * 1e6
+    return f"{micro:,.1f} us" if micro < 100 else f"{micro:,.0f} us"
+
+
+def _order(result: TransportResult) -> tuple[int, str]:
+    position = (
+        TRANSPORT_ORDER.index(result.transport) if result.transport in TRANSPORT_ORDER else 99
+    )
+    return position, result.codec
+
+
+def target_rows(results: list[TransportResult]) -> list[list[str]]:
+    rows = []
+    for op, what in (("stream", "per-token cost"), ("unary", "small unary round trip")):
+        for result in sorted(results, key=_order):
+            if result.op != op or result.transport not in ("http1", "http2", "grpc"):
+                continue
+            if op == "stream" and result.codec != "orjson" and result.transport == "http1":
+                continue  # the SSE row is the one the target names for http1
+            verdict = "met" if result.vs_tcp <= TRANSPORT_TARGET else "**missed**"
+            rows.append(
+                [
+                    f"`{result.transport}` {what} vs `tcp` (`{result.codec}`)",
+                    "paired ratio, same codec",
+                    f"{result.vs_tcp:.2f}x",
+                    f"<= {TRANSPORT_TARGET:.0f}x",
+                    verdict,
+                ]
+            )
+    return rows
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def section(results: list[TransportResult]) -> str:
+    parts = [
+        "## Transports",
+        "",
+        "Server in its own process on loopback, client in the benchmark's process, no pacing "
+        "(prefill and decode time zero): serialization and transport alone. *unary*: a small "
+        "infer request (one 1x16 FP32 tensor) and its echo, per round trip on a kept-alive "
+        "connection (`http1-new-connection`: a new connection each). *stream*: one whole "
+        "`stream-256` response, shown per token. *vs tcp*: the paired ratio against the `tcp` "
+        "floor with the same codec (back-to-back runs in alternating order).",
+        "",
+    ]
+    for op, title in (("stream", "Streaming, per token"), ("unary", "Unary round trip")):
+        rows = [
+            [
+                f"`{r.transport}`",
+                f"`{r.codec}`",
+                _us(r.per_item_s),
+                f"±{r.spread:.0%}",
+                f"{r.vs_tcp:.2f}x",
+                "yes" if r.correct else "**no**",
+            ]
+            for r in sorted(results, key=_order)
+            if r.op == op
+        ]
+        if rows:
+            parts += [
+                f"### {title}",
+                "",
+                _table(["transport", "codec", "median", "spread", "vs tcp", "correct"], rows),
+                "",
+            ]
+    return "\n".join(parts)
+
+
+def render_parts(path: Path) -> tuple[list[list[str]], str]:
+    """Target rows and the section, or nothing when the run has no transport results."""
+    if not path.exists():
+        return [], ""
+    results = load(path)
+    return target_rows(results), section(results)
