@@ -109,18 +109,20 @@ class InferResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., id: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model", "workload", "prompt_tokens", "max_tokens", "seed")
+    __slots__ = ("model", "workload", "prompt_tokens", "max_tokens", "seed", "timing")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
     model: str
     workload: str
     prompt_tokens: int
     max_tokens: int
     seed: int
-    def __init__(self, model: _Optional[str] = ..., workload: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    timing: bool
+    def __init__(self, model: _Optional[str] = ..., workload: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., seed: _Optional[int] = ..., timing: _Optional[bool] = ...) -> None: ...
 
 class StreamEnd(_message.Message):
     __slots__ = ("chunk_count",)

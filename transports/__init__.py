@@ -30,6 +30,7 @@ from .errors import (
     TransportTimeoutError,
 )
 from .service import BadRequestError, GenerateRequest, SimulatedService, Source
+from .timing import StreamTiming
 from .tls import ClientTls, ServerTls, make_test_certificates
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "ServerTls",
     "SimulatedService",
     "Source",
+    "StreamTiming",
     "StreamTruncatedError",
     "TransportError",
     "TransportTimeoutError",

@@ -13,6 +13,7 @@ from inferwire.codecs import Codec, InferRequest, InferResponse, TokenChunk
 
 from .common import DEFAULT_LIMITS, Limits
 from .service import GenerateRequest, SimulatedService
+from .timing import StreamTiming
 from .tls import ClientTls, ServerTls
 
 
@@ -47,7 +48,10 @@ class Client(ABC):
     async def infer(self, request: InferRequest) -> InferResponse: ...
 
     @abstractmethod
-    def generate(self, request: GenerateRequest) -> AsyncIterator[TokenChunk]: ...
+    def generate(
+        self, request: GenerateRequest, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[TokenChunk]:
+        """The chunks of one stream; with ``timing``, also fill it with per-chunk stamps."""
 
     @abstractmethod
     async def close(self) -> None: ...

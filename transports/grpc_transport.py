@@ -45,7 +45,9 @@ from .errors import (
     TransportTimeoutError,
 )
 from .service import BadRequestError, GenerateRequest
+from .timing import TRAILER, ServerStamps, StreamTiming, now_ns, unpack
 
+TRAILER_BIN: Final = TRAILER + "-bin"
 SERVICE: Final = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 _ID: Final = struct.Struct(">Q")
 
@@ -68,6 +70,7 @@ def _request_from_pb(message: pb.GenerateRequest) -> GenerateRequest:
         max_tokens=message.max_tokens or None,
         prompt_tokens=message.prompt_tokens,
         model=message.model,
+        timing=message.timing,
     )
 
 
@@ -78,6 +81,7 @@ def _request_to_pb(request: GenerateRequest) -> pb.GenerateRequest:
         max_tokens=request.max_tokens or 0,
         prompt_tokens=request.prompt_tokens,
         model=request.model,
+        timing=request.timing,
     )
 
 
@@ -151,21 +155,33 @@ class GrpcServer(Server):
             request = self._generate_request(data)
         except BadRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        async for message in self._stream(request):
+        if not request.timing:
+            async for message in self._stream(request):
+                yield message
+            return
+        stamps = ServerStamps()
+        async for message in self._stream(request, stamps):
             yield message
+            stamps.written()  # grpc took the message: the nearest to "written" it tells
+        context.set_trailing_metadata(((TRAILER_BIN, stamps.pack()),))
 
-    async def _stream(self, request: GenerateRequest) -> AsyncGenerator[bytes, None]:
-        if _stateful(self.codec):
-            encoder = self.codec.stream_encoder()
-            async with contextlib.aclosing(self.service.generate(request)) as chunks:
-                async for chunk in chunks:
-                    yield encoder.encode(chunk)
-            yield encoder.end()
-        else:
-            encode = self.codec.encode
-            async with contextlib.aclosing(self.service.generate(request)) as chunks:
+    async def _stream(
+        self, request: GenerateRequest, stamps: ServerStamps | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        encoder = self.codec.stream_encoder() if _stateful(self.codec) else None
+        encode = encoder.encode if encoder is not None else self.codec.encode
+        async with contextlib.aclosing(self.service.generate(request)) as chunks:
+            if stamps is None:
                 async for chunk in chunks:
                     yield encode(chunk)
+            else:
+                async for chunk in chunks:
+                    produced = now_ns()
+                    data = encode(chunk)
+                    stamps.encoded(produced, now_ns())
+                    yield data
+        if encoder is not None:
+            yield encoder.end()
 
     async def _session(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
@@ -282,8 +298,13 @@ class GrpcClient(Client):
         except ic.CodecError as exc:
             raise ProtocolError(f"grpc Infer: {exc}") from exc
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[ic.TokenChunk]:
+    async def generate(
+        self, request: GenerateRequest, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[ic.TokenChunk]:
         message = _request_to_pb(request)
+        if timing is not None:
+            message.timing = True
+            timing.request_sent_ns = now_ns()
         count = 0
         if self.native:
             call: Any = self._stub.Generate(message, timeout=self.deadline_s)
@@ -303,10 +324,15 @@ class GrpcClient(Client):
         done = False
         try:
             async for data in call:
+                received = now_ns() if timing is not None else 0
                 try:
                     chunks = convert(data)
                 except ic.CodecError as exc:
                     raise ProtocolError(f"grpc Generate: {exc}") from exc
+                if timing is not None:
+                    decoded = now_ns()
+                    timing.received_ns += [received] * len(chunks)
+                    timing.decoded_ns += [decoded] * len(chunks)
                 for chunk in chunks:
                     count += 1
                     yield chunk
@@ -317,6 +343,12 @@ class GrpcClient(Client):
                     raise StreamTruncatedError(
                         f"grpc Generate: stream ended after {count} chunks", chunks_received=count
                     ) from exc
+            if timing is not None:
+                trailing = dict(await call.trailing_metadata() or ())
+                packed = trailing.get(TRAILER_BIN)
+                if not isinstance(packed, bytes):
+                    raise ProtocolError("grpc Generate: the timed stream has no timing trailer")
+                timing.server = unpack(packed)
             done = True
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, "Generate", count) from exc

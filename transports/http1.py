@@ -37,6 +37,7 @@ from .errors import (
 )
 from .httpapp import HttpApp, Response, error
 from .service import GenerateRequest
+from .timing import TRAILER, StreamTiming, now_ns, unpack_text
 
 MAX_HEADER_BYTES: Final = 16 * 1024
 """Request line and headers together; over it: 431 (nginx's large_client_header_buffers is
@@ -192,13 +193,21 @@ class Http1Server(Server):
             await writer.drain()
             return keep
         extra = f"transfer-encoding: chunked\r\ncache-control: no-cache\r\n{connection}"
+        stamps = response.stamps
+        if stamps is not None:
+            extra += f"trailer: {TRAILER}\r\n"
         writer.write(_head(response.status, response.content_type, extra))
         async with contextlib.aclosing(response.stream) as frames:
             async for frame in frames:
                 if frame:  # an empty chunk would end the body
                     writer.write(b"%x\r\n%b\r\n" % (len(frame), frame))
                     await writer.drain()
-        writer.write(b"0\r\n\r\n")
+                if stamps is not None:
+                    stamps.written()
+        if stamps is not None:
+            writer.write(f"0\r\n{TRAILER}: {stamps.pack_text()}\r\n\r\n".encode("ascii"))
+        else:
+            writer.write(b"0\r\n\r\n")
         await writer.drain()
         return keep
 
@@ -209,18 +218,21 @@ class _ResponseReader:
     def __init__(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.headers: dict[str, str] = {}
+        self.trailers: dict[str, str] = {}
         self.body: list[bytes] = []
         self.headers_done = False
         self.complete = False
 
     def start(self) -> None:
         self.headers = {}
+        self.trailers = {}
         self.body = []
         self.headers_done = False
         self.complete = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        target = self.trailers if self.headers_done else self.headers
+        target[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
@@ -371,8 +383,14 @@ class Http1Client(Client):
         finally:
             await self._release(conn, ok)
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[ic.TokenChunk]:
-        body = orjson.dumps({**request.to_json_obj(), "stream": True})
+    async def generate(
+        self, request: GenerateRequest, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[ic.TokenChunk]:
+        obj = {**request.to_json_obj(), "stream": True}
+        if timing is not None:
+            obj["timing"] = True
+            timing.request_sent_ns = now_ns()
+        body = orjson.dumps(obj)
         conn, status = await self._send(
             "/v1/chat/completions", "application/json", self.codec.stream_media_type, body
         )
@@ -386,10 +404,15 @@ class Http1Client(Client):
             while True:
                 if pending:
                     conn.response.body = []
+                    received = now_ns() if timing is not None else 0
                     try:
                         chunks = decoder.feed(b"".join(pending) if len(pending) > 1 else pending[0])
                     except ic.CodecError as exc:
                         raise ProtocolError(f"http1: {exc}") from exc
+                    if timing is not None:
+                        decoded = now_ns()
+                        timing.received_ns += [received] * len(chunks)
+                        timing.decoded_ns += [decoded] * len(chunks)
                     for chunk in chunks:
                         count += 1
                         yield chunk
@@ -406,6 +429,11 @@ class Http1Client(Client):
                     raise StreamTruncatedError(
                         f"http1: stream ended after {count} chunks", chunks_received=count
                     ) from exc
+            if timing is not None:
+                trailer = conn.response.trailers.get(TRAILER)
+                if trailer is None:
+                    raise ProtocolError("http1: the timed stream has no timing trailer")
+                timing.server = unpack_text(trailer)
             ok = True
         finally:
             await self._release(conn, ok)

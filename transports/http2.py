@@ -44,6 +44,7 @@ from .errors import (
 )
 from .httpapp import HttpApp, Response, error
 from .service import GenerateRequest
+from .timing import TRAILER, StreamTiming, now_ns, unpack_text
 
 MAX_CONCURRENT_STREAMS: Final = 256
 WINDOW_BYTES: Final = 1 << 20
@@ -272,6 +273,7 @@ class _H2ServerProtocol(asyncio.Protocol):
                     self.conn, self.flush, self.writer, stream_id, response.body, True
                 )
             return
+        stamps = response.stamps
         self.conn.send_headers(stream_id, headers)
         self.flush()
         async with contextlib.aclosing(response.stream) as frames:
@@ -280,7 +282,12 @@ class _H2ServerProtocol(asyncio.Protocol):
                     raise ConnectionResetError("connection lost")
                 if frame:
                     await self.flow.send(self.conn, self.flush, self.writer, stream_id, frame)
-        self.conn.end_stream(stream_id)
+                if stamps is not None:
+                    stamps.written()
+        if stamps is not None:
+            self.conn.send_headers(stream_id, [(TRAILER, stamps.pack_text())], end_stream=True)
+        else:
+            self.conn.end_stream(stream_id)
         self.flush()
 
 
@@ -310,10 +317,11 @@ class Http2Server(Server):
 
 
 class _ClientStream:
-    __slots__ = ("complete", "data", "event", "failure", "headers", "unacked")
+    __slots__ = ("complete", "data", "event", "failure", "headers", "trailers", "unacked")
 
     def __init__(self) -> None:
         self.headers: dict[str, str] | None = None
+        self.trailers: dict[str, str] = {}
         self.data: list[bytes] = []
         self.unacked = 0
         self.complete = False
@@ -400,6 +408,11 @@ class _H2ClientProtocol(asyncio.Protocol):
                     stream.data.append(event.data)
                 stream.unacked += event.flow_controlled_length
                 stream.event.set()
+            elif isinstance(event, h2.events.TrailersReceived) and stream is not None:
+                stream.trailers = {
+                    bytes(k).decode("latin-1"): bytes(v).decode("latin-1")
+                    for k, v in event.headers or ()
+                }
             elif isinstance(event, h2.events.StreamEnded) and stream is not None:
                 stream.complete = True
                 stream.event.set()
@@ -557,8 +570,14 @@ class Http2Client(Client):
         except ic.CodecError as exc:
             raise ProtocolError(f"http2: {exc}") from exc
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[ic.TokenChunk]:
-        body = orjson.dumps({**request.to_json_obj(), "stream": True})
+    async def generate(
+        self, request: GenerateRequest, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[ic.TokenChunk]:
+        obj = {**request.to_json_obj(), "stream": True}
+        if timing is not None:
+            obj["timing"] = True
+            timing.request_sent_ns = now_ns()
+        body = orjson.dumps(obj)
         protocol, stream_id, stream = await self._open(
             "/v1/chat/completions", "application/json", self.codec.stream_media_type, body
         )
@@ -574,10 +593,15 @@ class Http2Client(Client):
                 if stream.data:
                     data = b"".join(stream.data) if len(stream.data) > 1 else stream.data[0]
                     stream.data = []
+                    received = now_ns() if timing is not None else 0
                     try:
                         chunks = decoder.feed(data)
                     except ic.CodecError as exc:
                         raise ProtocolError(f"http2: {exc}") from exc
+                    if timing is not None:
+                        decoded = now_ns()
+                        timing.received_ns += [received] * len(chunks)
+                        timing.decoded_ns += [decoded] * len(chunks)
                     for chunk in chunks:
                         count += 1
                         yield chunk
@@ -596,6 +620,11 @@ class Http2Client(Client):
                 raise StreamTruncatedError(
                     f"http2: stream ended after {count} chunks", chunks_received=count
                 ) from exc
+            if timing is not None:
+                trailer = stream.trailers.get(TRAILER)
+                if trailer is None:
+                    raise ProtocolError("http2: the timed stream has no timing trailer")
+                timing.server = unpack_text(trailer)
         finally:
             self._finish(protocol, stream_id, stream)
 

@@ -32,6 +32,7 @@ import inferwire.codecs as ic
 
 from .common import error_body
 from .service import BadRequestError, GenerateRequest, SimulatedService
+from .timing import ServerStamps, now_ns
 
 _INFER_PATH: Final = re.compile(r"/v2/models/([A-Za-z0-9_.\-]{1,128})/infer")
 _SCHEMA_PATH: Final = re.compile(r"/schemas/ids/([0-9]{1,10})")
@@ -46,6 +47,9 @@ class Response:
     body: bytes = b""
     stream: AsyncGenerator[bytes, None] | None = None
     headers: list[tuple[str, str]] = field(default_factory=list)
+    stamps: ServerStamps | None = None
+    """For a timed stream: the sender calls ``stamps.written()`` after each frame it wrote
+    and sends ``stamps`` as the ``x-inferwire-timing`` trailer."""
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error") -> Response:
@@ -114,13 +118,23 @@ class HttpApp:
             self.service.chunks(request)  # refuse a bad request before the stream starts
         except (orjson.JSONDecodeError, BadRequestError) as exc:
             return error(400, str(exc))
-        return Response(200, mine, stream=self._frames(request))
+        stamps = ServerStamps() if request.timing else None
+        return Response(200, mine, stream=self._frames(request, stamps), stamps=stamps)
 
-    async def _frames(self, request: GenerateRequest) -> AsyncGenerator[bytes, None]:
+    async def _frames(
+        self, request: GenerateRequest, stamps: ServerStamps | None
+    ) -> AsyncGenerator[bytes, None]:
         encoder = self.codec.stream_encoder()
         async with contextlib.aclosing(self.service.generate(request)) as chunks:
-            async for chunk in chunks:
-                yield encoder.encode(chunk)
+            if stamps is None:
+                async for chunk in chunks:
+                    yield encoder.encode(chunk)
+            else:
+                async for chunk in chunks:
+                    produced = now_ns()
+                    data = encoder.encode(chunk)
+                    stamps.encoded(produced, now_ns())
+                    yield data
         yield encoder.end()
 
     def _infer(self, model: str, headers: Mapping[str, str], body: bytes) -> Response:

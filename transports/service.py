@@ -41,6 +41,8 @@ class GenerateRequest:
     max_tokens: int | None = None
     prompt_tokens: int = 0
     model: str = ""
+    timing: bool = False
+    """Ask the server for per-chunk timestamps (see :mod:`inferwire.transports.timing`)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.workload, str) or not self.workload:
@@ -55,6 +57,8 @@ class GenerateRequest:
             raise BadRequestError(f"max_tokens must be an integer in 1..{MAX_TOKENS_LIMIT}")
         if not isinstance(self.model, str):
             raise BadRequestError("model must be a string")
+        if not isinstance(self.timing, bool):
+            raise BadRequestError("timing must be true or false")
 
     def to_json_obj(self) -> dict[str, Any]:
         obj: dict[str, Any] = {"workload": self.workload, "seed": self.seed}
@@ -64,6 +68,8 @@ class GenerateRequest:
             obj["prompt_tokens"] = self.prompt_tokens
         if self.model:
             obj["model"] = self.model
+        if self.timing:
+            obj["timing"] = True
         return obj
 
     @classmethod
@@ -80,6 +86,7 @@ class GenerateRequest:
             "max_tokens": max_tokens,
             "prompt_tokens": obj.get("prompt_tokens", 0),
             "model": obj.get("model", ""),
+            "timing": obj.get("timing", False),
         }
         if fields["seed"] is None:
             fields["seed"] = 0

@@ -9,6 +9,10 @@ Wire, on one connection, one request at a time::
                ok, infer:    length (4 bytes, big-endian), the codec's InferResponse
                error:        length (4 bytes, big-endian), a JSON error body
 
+A timed stream (the request asks for ``timing``) wraps each write of the codec's stream in a
+4-byte big-endian length, then sends a zero length and one more length-prefixed block: the
+per-chunk timestamps (:mod:`inferwire.transports.timing`). Untimed streams carry no wrapping.
+
 A server that fails mid-stream closes the connection, so the client sees a truncated stream,
 never a short complete one. A request longer than the limit is answered with an error and the
 connection closed (its body is never read).
@@ -30,6 +34,7 @@ from .base import Client, Server
 from .common import aclose_quietly, connect_tcp, error_body, error_detail, mapped
 from .errors import MessageTooLargeError, ProtocolError, RemoteError, StreamTruncatedError
 from .service import BadRequestError, GenerateRequest
+from .timing import ServerStamps, StreamTiming, now_ns, unpack
 
 _HEAD: Final = struct.Struct(">cI")
 _LEN: Final = struct.Struct(">I")
@@ -82,6 +87,9 @@ class TcpServer(Server):
                 return True
             writer.write(OK)
             encoder = self.codec.stream_encoder()
+            if request.timing:
+                await self._timed_stream(request, writer)
+                return True
             async with contextlib.aclosing(self.service.generate(request)) as chunks:
                 async for chunk in chunks:
                     writer.write(encoder.encode(chunk))
@@ -102,6 +110,22 @@ class TcpServer(Server):
             return True
         await _answer_error(writer, 400, f"unknown operation {op!r}")
         return False
+
+    async def _timed_stream(self, request: GenerateRequest, writer: asyncio.StreamWriter) -> None:
+        encoder = self.codec.stream_encoder()
+        stamps = ServerStamps()
+        async with contextlib.aclosing(self.service.generate(request)) as chunks:
+            async for chunk in chunks:
+                produced = now_ns()
+                data = encoder.encode(chunk)
+                stamps.encoded(produced, now_ns())
+                writer.write(_LEN.pack(len(data)) + data)
+                await writer.drain()
+                stamps.written()
+        end = encoder.end()
+        timing = stamps.pack()
+        writer.write(_LEN.pack(len(end)) + end + _LEN.pack(0) + _LEN.pack(len(timing)) + timing)
+        await writer.drain()
 
 
 async def _answer_error(writer: asyncio.StreamWriter, status: int, message: str) -> None:
@@ -171,7 +195,13 @@ class TcpClient(Client):
                 await self._drop()
                 raise
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[ic.TokenChunk]:
+    async def generate(
+        self, request: GenerateRequest, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[ic.TokenChunk]:
+        if timing is not None:
+            async for chunk in self._timed_generate(request, timing):
+                yield chunk
+            return
         body = orjson.dumps(request.to_json_obj())
         async with self._lock:
             done = False
@@ -207,6 +237,50 @@ class TcpClient(Client):
             finally:
                 if not done:
                     await self._drop()  # mid-stream: the connection cannot be reused
+
+    async def _timed_generate(
+        self, request: GenerateRequest, timing: StreamTiming
+    ) -> AsyncIterator[ic.TokenChunk]:
+        body = orjson.dumps({**request.to_json_obj(), "timing": True})
+        limit = self.limits.max_message_bytes
+        async with self._lock:
+            done = False
+            count = 0
+            try:
+                timing.request_sent_ns = now_ns()
+                reader = await self._send(OP_GENERATE, body)
+                decoder = self.codec.stream_decoder(max_frame_bytes=limit)
+                while True:
+                    async with asyncio.timeout(self.limits.timeout_s):
+                        try:
+                            (length,) = _LEN.unpack(await reader.readexactly(4))
+                            if length > limit:
+                                raise ProtocolError(f"tcp: block of {length} bytes")
+                            data = await reader.readexactly(length) if length else b""
+                        except (OSError, asyncio.IncompleteReadError) as exc:
+                            raise StreamTruncatedError(
+                                f"tcp: connection closed after {count} chunks",
+                                chunks_received=count,
+                            ) from exc
+                    if not length:
+                        break
+                    received = now_ns()
+                    with mapped("tcp stream"):
+                        chunks = decoder.feed(data)
+                    decoded = now_ns()
+                    for chunk in chunks:
+                        timing.received_ns.append(received)
+                        timing.decoded_ns.append(decoded)
+                        count += 1
+                        yield chunk
+                with mapped("tcp stream"):
+                    decoder.close()
+                    (length,) = _LEN.unpack(await reader.readexactly(4))
+                    timing.server = unpack(await reader.readexactly(min(length, limit)))
+                done = True
+            finally:
+                if not done:
+                    await self._drop()
 
     async def close(self) -> None:
         await self._drop()

@@ -1,0 +1,103 @@
+"""Per-chunk timestamps of a stream, server side and client side, for the per-stage split.
+
+A client that passes a :class:`StreamTiming` to ``generate`` asks the server to record, for
+each chunk, when the service produced it, when the codec had encoded it and when the write
+returned; the server sends the three arrays after the stream as a trailer (HTTP/1.1 chunked
+trailer, HTTP/2 trailing HEADERS, gRPC trailing metadata, a block after the stream on tcp),
+so the chunks' own bytes are those of an untimed stream. The client records when each chunk's
+bytes arrived and when they were decoded.
+
+All stamps are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every process of a
+host, so server and client stamps compare directly on one machine. Across two hosts they do
+not: there only the per-side stages (serialize, write, parse) are meaningful, and the network
+share must come from round-trip time (e.g. half the RTT measured by a ping on the same
+connection), not from subtracting stamps of two clocks.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+from .errors import ProtocolError
+
+TRAILER: Final = "x-inferwire-timing"
+"""Trailer name; its value is base64 of little-endian uint64 triples (gRPC: the ``-bin`` form
+carries the raw bytes)."""
+MAX_CHUNKS: Final = 1 << 22
+
+now_ns = time.monotonic_ns
+
+
+@dataclass(slots=True)
+class StreamTiming:
+    """Filled in by ``generate``: ``server`` rows are (produced, encoded, written) per chunk,
+    client lists hold when each chunk's bytes were received and when it was decoded."""
+
+    server: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.uint64))
+    received_ns: list[int] = field(default_factory=list)
+    decoded_ns: list[int] = field(default_factory=list)
+    request_sent_ns: int = 0
+
+    def stages_ns(self) -> dict[str, np.ndarray]:
+        """Per chunk: ``serialize`` (server encode), ``write`` (until the write returned),
+        ``network`` (written to received, same host only), ``parse`` (client decode), and
+        ``queue`` (produced to encoded minus nothing: kept for symmetry, always the encode)."""
+        count = min(len(self.server), len(self.received_ns), len(self.decoded_ns))
+        if count == 0:
+            return {}
+        server = self.server[:count].astype(np.int64)
+        received = np.asarray(self.received_ns[:count], dtype=np.int64)
+        decoded = np.asarray(self.decoded_ns[:count], dtype=np.int64)
+        return {
+            "serialize": server[:, 1] - server[:, 0],
+            "write": server[:, 2] - server[:, 1],
+            "network": received - server[:, 2],
+            "parse": decoded - received,
+            "end_to_end": decoded - server[:, 0],
+        }
+
+
+class ServerStamps:
+    """What a server records while it sends one timed stream: the sender calls
+    :meth:`encoded` when a chunk's bytes are ready and :meth:`written` once they are written."""
+
+    __slots__ = ("_pending", "rows")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, int]] = []
+        self._pending: tuple[int, int] | None = None
+
+    def encoded(self, produced_ns: int, encoded_ns: int) -> None:
+        self._pending = (produced_ns, encoded_ns)
+
+    def written(self) -> None:
+        """The bytes of the chunk last :meth:`encoded` were written (a no-op for bytes that
+        were no chunk, such as the end marker)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and len(self.rows) < MAX_CHUNKS:
+            self.rows.append((pending[0], pending[1], now_ns()))
+
+    def pack(self) -> bytes:
+        return np.asarray(self.rows, dtype="<u8").reshape(-1, 3).tobytes()
+
+    def pack_text(self) -> str:
+        return base64.b64encode(self.pack()).decode("ascii")
+
+
+def unpack(data: bytes) -> np.ndarray:
+    if len(data) % 24 or len(data) > MAX_CHUNKS * 24:
+        raise ProtocolError(f"timing trailer of {len(data)} bytes is not whole triples")
+    return np.frombuffer(data, dtype="<u8").reshape(-1, 3).astype(np.uint64)
+
+
+def unpack_text(text: str) -> np.ndarray:
+    try:
+        return unpack(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolError(f"bad timing trailer: {exc}") from exc
