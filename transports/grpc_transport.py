@@ -95,6 +95,7 @@ class GrpcServer(Server):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._grpc: grpc.aio.Server | None = None
+        self._stopped = asyncio.Event()
         self.native = isinstance(self.codec, protobuf_codec.ProtobufCodec)
 
     async def start(self) -> tuple[str, int]:
@@ -121,14 +122,17 @@ class GrpcServer(Server):
         return self.address
 
     async def serve_forever(self) -> None:
+        # our own event, not grpc's wait_for_termination: cancelling that one breaks a later
+        # stop() (grpc's shutdown then raises CancelledError)
         if self._grpc is None:
             await self.start()
-        assert self._grpc is not None
-        await self._grpc.wait_for_termination()
+        await self._stopped.wait()
 
     async def stop(self) -> None:
-        if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
+        server, self._grpc = self._grpc, None
+        if server is not None:
+            await server.stop(grace=1.0)
+        self._stopped.set()
 
     # -- handlers: bytes in, bytes out ----------------------------------------------------
 
@@ -151,6 +155,11 @@ class GrpcServer(Server):
     async def _generate(
         self, data: bytes, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
+        if ic.TokenChunk not in self.codec.types:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"codec {self.codec.name!r} does not carry token streams",
+            )
         try:
             request = self._generate_request(data)
         except BadRequestError as exc:
@@ -239,6 +248,8 @@ class GrpcServer(Server):
         async for message in self._stream(request):
             count += 1
             yield b"C" + request_id + message
+        if _stateful(self.codec):
+            count -= 1  # the stream's end marker went as one more message
         yield b"E" + request_id + _ID.pack(count)
 
 

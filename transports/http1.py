@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -44,6 +45,7 @@ MAX_HEADER_BYTES: Final = 16 * 1024
 4 x 8 KiB, Node's default 16 KiB)."""
 KEEPALIVE_TIMEOUT_S: Final = 75.0
 """How long an idle connection is kept (nginx's keepalive_timeout)."""
+_log = logging.getLogger(__name__)
 _READ_BYTES: Final = 256 * 1024
 
 
@@ -175,6 +177,10 @@ class Http1Server(Server):
                     return
         except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # the client went away (or the server stops): its stream was closed
+        except Exception:
+            # a failure mid-answer: the connection closes (a stream is seen as truncated),
+            # the server goes on
+            _log.exception("http1: connection failed")
         finally:
             await aclose_quietly(writer)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Final
@@ -45,6 +46,8 @@ from .errors import (
 from .httpapp import HttpApp, Response, error
 from .service import GenerateRequest
 from .timing import TRAILER, StreamTiming, now_ns, unpack_text
+
+_log = logging.getLogger(__name__)
 
 MAX_CONCURRENT_STREAMS: Final = 256
 WINDOW_BYTES: Final = 1 << 20
@@ -250,13 +253,21 @@ class _H2ServerProtocol(asyncio.Protocol):
             await self._send(stream_id, response)
         except (h2.exceptions.H2Error, OSError, asyncio.CancelledError):
             # the stream was reset or the connection lost: nothing left to answer
-            with contextlib.suppress(h2.exceptions.H2Error):
-                if not self.transport.is_closing():
-                    self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
-                    self.flush()
+            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+        except Exception:
+            # a failure mid-answer: reset the stream, so the client sees it fail at once
+            # rather than wait for a timeout; the connection and its other streams go on
+            _log.exception("http2: stream %d failed", stream_id)
+            self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
         finally:
             self.streams.pop(stream_id, None)
             self.flow.window_events.pop(stream_id, None)
+
+    def _reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
+        with contextlib.suppress(h2.exceptions.H2Error):
+            if not self.transport.is_closing():
+                self.conn.reset_stream(stream_id, code)
+                self.flush()
 
     async def _send(self, stream_id: int, response: Response) -> None:
         assert self.writer is not None

@@ -103,6 +103,8 @@ class HttpApp:
         return error(404, f"no route {path}", "not_found")
 
     def _generate(self, headers: Mapping[str, str], body: bytes) -> Response:
+        if ic.TokenChunk not in self.codec.types:
+            return error(406, f"codec {self.codec.name!r} does not carry token streams")
         if _media(headers.get("content-type", _JSON)) != _JSON:
             return error(415, "the request body is JSON")
         accept = headers.get("accept", "*/*")
@@ -138,6 +140,8 @@ class HttpApp:
         yield encoder.end()
 
     def _infer(self, model: str, headers: Mapping[str, str], body: bytes) -> Response:
+        if ic.InferRequest not in self.codec.types:
+            return error(415, f"codec {self.codec.name!r} does not carry inference requests")
         content_type = _media(headers.get("content-type", ""))
         if content_type != self.codec.media_type:
             return error(415, f"this server reads {self.codec.media_type}, not {content_type!r}")

@@ -150,8 +150,11 @@ class SimulatedService:
             self.active_streams -= 1
 
     def infer(self, request: InferRequest) -> InferResponse:
-        """Echo: each input comes back as ``output_<i>``, the same array (no copy)."""
-        if not isinstance(request, InferRequest):
+        """Echo: each input comes back as ``output_<i>``, the same array (no copy).
+
+        ``request`` may be a codec's zero-copy view of one (FlatBuffers): anything with the
+        model's ``model``, ``id`` and ``inputs``."""
+        if not all(hasattr(request, name) for name in ("model", "id", "inputs")):
             raise BadRequestError("infer takes an InferRequest")
         outputs = tuple(
             Tensor(name=f"output_{i}", datatype=t.datatype, shape=t.shape, data=t.data)

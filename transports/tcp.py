@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import struct
 from collections.abc import AsyncIterator
 from typing import ClassVar, Final
@@ -42,6 +43,7 @@ OP_GENERATE: Final = b"G"
 OP_INFER: Final = b"I"
 OK: Final = b"\x00"
 ERROR: Final = b"\x01"
+_log = logging.getLogger(__name__)
 _READ_BYTES: Final = 256 * 1024
 
 
@@ -61,6 +63,10 @@ class TcpServer(Server):
                 pass
         except (OSError, asyncio.IncompleteReadError, TimeoutError, asyncio.CancelledError):
             pass  # the client went away (or the server stops): its stream was closed by _one
+        except Exception:
+            # a failure mid-answer: the connection closes (a stream is seen as truncated),
+            # the server goes on
+            _log.exception("tcp: connection failed")
         finally:
             await aclose_quietly(writer)
 
@@ -79,6 +85,9 @@ class TcpServer(Server):
         async with asyncio.timeout(self.limits.timeout_s):
             body = await reader.readexactly(length)
         if op == OP_GENERATE:
+            if ic.TokenChunk not in self.codec.types:
+                await _answer_error(writer, 406, f"codec {self.codec.name!r} has no streams")
+                return True
             try:
                 request = GenerateRequest.from_json_obj(orjson.loads(body))
                 self.service.chunks(request)  # refuse a bad request before the stream starts
