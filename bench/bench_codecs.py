@@ -21,6 +21,7 @@ import inferwire.codecs as ic
 from inferwire.bench import workloads
 from inferwire.bench.baselines import BASELINES, read_all
 from inferwire.bench.measure import paired_ratio
+from inferwire.codecs import delta_codec
 
 MATRIX = [
     (codec, workload)
@@ -222,13 +223,19 @@ def bench_bytes_copy(benchmark: Any) -> None:
 DELTA_TIME_WORKLOADS = ("stream-256", "stream-256-top5")
 
 
+@pytest.mark.parametrize("path", ["accelerated", "pure-python"])
 @pytest.mark.parametrize("workload", DELTA_TIME_WORKLOADS)
-def bench_delta_round_trip(benchmark: Any, workload: str) -> None:
+def bench_delta_round_trip(benchmark: Any, workload: str, path: str) -> None:
     """The delta codec's stream encode + decode, paired against orjson's encode + decode of the
     same chunks as OpenAI JSON: as an SSE stream (each with the framing it goes on the wire
-    with, the ratio the target is read from) and as bare unary messages (no framing at all)."""
+    with, the ratio the target is read from) and as bare unary messages (no framing at all).
+
+    ``path``: the codec as installed, its steady state in the C extension (the target's
+    figure), and its pure-Python reference (what an install without the extension gets)."""
+    if path == "accelerated" and not delta_codec.accelerated():
+        pytest.skip("the delta codec's C extension is not built, or INFERWIRE_PURE_PYTHON is set")
     messages = workloads.get(workload).messages()
-    delta = ic.get("delta")
+    delta = ic.get("delta") if path == "accelerated" else delta_codec.DeltaCodec(pure_python=True)
     orjson_codec = ic.get("orjson")
 
     def stream_round_trip(codec: ic.Codec) -> list[Any]:
@@ -252,6 +259,7 @@ def bench_delta_round_trip(benchmark: Any, workload: str) -> None:
 
     pairs = 1 if benchmark.disabled else PAIRS
     benchmark.group = f"targets {workload}"
+    benchmark.extra_info["path"] = path
     out = benchmark(delta_round_trip)
     benchmark.extra_info["paired_ratio"] = paired_ratio(
         delta_round_trip, orjson_stream_round_trip, pairs
@@ -263,7 +271,7 @@ def bench_delta_round_trip(benchmark: Any, workload: str) -> None:
         benchmark,
         "delta",
         workload,
-        "round-trip-vs-orjson",
+        "round-trip-vs-orjson" + ("" if path == "accelerated" else "-pure-python"),
         sum(map(len, encode_stream(delta, messages))),
         len(messages),
         out == messages

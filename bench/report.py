@@ -244,15 +244,19 @@ def target_rows(results: list[Result]) -> list[list[str]]:
                 ]
             )
         paired = by_key.get(("delta", workload, "round-trip-vs-orjson"))
+        pure = by_key.get(("delta", workload, "round-trip-vs-orjson-pure-python"))
         if paired and paired.paired_ratio is not None:
             ratio = paired.paired_ratio
             unary = paired.paired_ratio_unary
+            notes = [f"vs unframed orjson messages: {unary:.2f}x"] if unary else []
+            if pure and pure.paired_ratio is not None:  # without the C extension
+                notes.append(f"pure Python: {pure.paired_ratio:.2f}x")
             rows.append(
                 [
                     "`delta` encode + decode per token vs `orjson` encode + decode of the "
                     f"OpenAI JSON chunk, each framed as it streams (`{workload}`)",
                     f"{_us(paired.median_s / paired.messages)} per chunk; paired ratio"
-                    + (f" (vs unframed orjson messages: {unary:.2f}x)" if unary else ""),
+                    + (f" ({'; '.join(notes)})" if notes else ""),
                     f"{ratio:.2f}x",
                     f"<= {DELTA_TIME_TARGET}x",
                     "met" if ratio <= DELTA_TIME_TARGET else "**missed**",

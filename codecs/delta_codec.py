@@ -40,16 +40,25 @@ A decoder checks each frame's sequence number: a number already delivered is a
 missing frame comes right after it (:class:`ReorderedFrameError`).
 
 Unary ``encode``/``decode`` carry one chunk as a header and one frame.
+
+The steady state of a stream (each frame the next, with the shapes this encoder writes) runs in
+a small C extension, :mod:`inferwire.codecs._delta_accel`, when it is built. This module stays
+the reference and the fallback: the extension hands back, untouched, every chunk or frame it
+does not take, and the code here then writes or reads it (and raises its errors). The bytes
+and the chunks are the same either way. ``INFERWIRE_PURE_PYTHON=1`` in the environment, read
+at import, leaves the extension unused; so does ``DeltaCodec(pure_python=True)``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import struct
+import warnings
 from collections.abc import Callable
 from importlib import resources
-from typing import Any, ClassVar, Final, TypeVar, cast
+from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
 
 from . import compat, pbwire
 from .base import BytesLike, Codec
@@ -69,6 +78,7 @@ from .framing import DEFAULT_MAX_FRAME_BYTES, StreamDecoder, StreamEncoder
 from .model import (
     TokenChunk,
     TokenLogprob,
+    TopLogprob,
     Usage,
     new_token_chunk,
     new_token_logprob,
@@ -85,6 +95,73 @@ MAX_INTERNED_CHARS: Final = 32
 _ID: Final = struct.Struct(">I")
 _UINT32: Final = 1 << 32
 _END: Final = b"\x00"
+
+
+class _Accelerator(Protocol):
+    """What the C extension provides (codecs/_delta_accel.c; its stub has the details)."""
+
+    API_VERSION: int
+
+    def encode_frame(
+        self,
+        chunk: object,
+        base: tuple[str, str, int, int],
+        next_seq: int,
+        offset: int,
+        index: dict[str, int],
+        strings: list[str],
+        carries_usage: bool,
+        /,
+    ) -> bytes | None: ...
+
+    def decode_frames(
+        self,
+        data: bytes,
+        pos: int,
+        header: tuple[str, str, int, int, int],
+        strings: list[str],
+        count: int,
+        usage_known: bool,
+        max_frame_bytes: int,
+        out: list[TokenChunk],
+        /,
+    ) -> int: ...
+
+
+_ACCEL_API_VERSION: Final = 1
+
+
+def _load_accelerator() -> _Accelerator | None:
+    """The C extension, bound to the model classes; None when absent, stale or turned off."""
+    if os.environ.get("INFERWIRE_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from . import _delta_accel
+    except ImportError:
+        return None  # not built (a pure-Python install): this module does all the work
+    try:
+        if getattr(_delta_accel, "API_VERSION", None) != _ACCEL_API_VERSION:
+            raise TypeError("its API version differs")
+        _delta_accel.configure(
+            TokenChunk, TokenLogprob, TopLogprob, Usage, MAX_TABLE_ENTRIES, MAX_INTERNED_CHARS
+        )
+    except (TypeError, ValueError) as exc:  # loud in tests (warnings are errors there)
+        warnings.warn(
+            f"inferwire.codecs._delta_accel is stale ({exc}); using the pure-Python delta "
+            "codec. Rebuild it: pip install -e . (or make venv).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return _delta_accel
+
+
+_accel = _load_accelerator()
+
+
+def accelerated() -> bool:
+    """Whether new delta encoders and decoders use the C extension."""
+    return _accel is not None
 
 
 def _schema_file(name: str) -> Schema:
@@ -262,6 +339,7 @@ class DeltaStreamEncoder:
     """Sans-IO encoder of one response's chunks; see the module docstring for the bytes."""
 
     __slots__ = (
+        "_accel",
         "_base",
         "_base_seq",
         "_broken",
@@ -272,7 +350,8 @@ class DeltaStreamEncoder:
         "count",
     )
 
-    def __init__(self, schema_id: int, *, carries_usage: bool) -> None:
+    def __init__(self, schema_id: int, *, carries_usage: bool, pure_python: bool = False) -> None:
+        self._accel = None if pure_python else _accel
         self._schema_id = schema_id
         self._usage = carries_usage
         self._base: tuple[str, str, int, int] | None = None
@@ -298,10 +377,32 @@ class DeltaStreamEncoder:
         return bytes((MAGIC,)) + _ID.pack(self._schema_id) + _varint(len(body)) + body
 
     def encode(self, chunk: Any, /) -> bytes:
+        base = self._base
+        accel = self._accel
+        if accel is not None and base is not None and not self._broken:
+            # Any next chunk of the same response, compiled. None: it changed nothing, and the
+            # Python paths below take the chunk exactly as they would without it.
+            table = self._table
+            try:
+                frame = accel.encode_frame(
+                    chunk,
+                    base,
+                    self._next_seq,
+                    self.count,  # the frame's seq offset: next_seq - base_seq
+                    table.index,
+                    table.strings,
+                    self._usage,
+                )
+            except Exception:
+                self._broken = True  # out of memory midway: the table may be ahead
+                raise
+            if frame is not None:
+                self._next_seq += 1
+                self.count += 1
+                return frame
         # The common frame, written without the general path's checks: the next chunk of the
         # same response (the very same id and model objects, as a server's own chunks are),
         # one token, a text already in the table, nothing else.
-        base = self._base
         if (
             type(chunk) is TokenChunk
             and base is not None
@@ -375,7 +476,7 @@ class DeltaStreamEncoder:
             if not 0 <= chunk.index < _UINT32:
                 raise EncodeError("index is a uint32")
             head = self._header(chunk)
-            self._base = (chunk.id, chunk.model, chunk.created, chunk.index)
+            self._base = base = (chunk.id, chunk.model, chunk.created, chunk.index)
             self._base_seq = self._next_seq = chunk.seq
         elif (
             chunk.id != base[0]
@@ -393,6 +494,16 @@ class DeltaStreamEncoder:
                 "a delta stream is numbered without gaps"
             )
         offset = seq - self._base_seq
+        accel = self._accel
+        if accel is not None and head:  # any later chunk was offered to it by encode()
+            table = self._table
+            compiled = accel.encode_frame(
+                chunk, base, seq, offset, table.index, table.strings, self._usage
+            )
+            if compiled is not None:
+                self._next_seq = seq + 1
+                self.count += 1
+                return head + compiled
         frame = b"\x08" + _varint(offset) if offset else b""
         token_ids = chunk.token_ids
         if token_ids:
@@ -705,6 +816,7 @@ class DeltaStreamDecoder:
         if max_frame_bytes <= 0:
             raise ValueError("max_frame_bytes must be positive")
         self._codec = codec
+        self._accel = None if codec.pure_python else _accel
         self._buffer = bytearray()
         self._header: tuple[str, str, int, int, int] | None = None
         self._usage_known = False
@@ -737,10 +849,26 @@ class DeltaStreamDecoder:
         end = len(view)
         table = self._table
         strings = table.strings
-        fast_ok = self.max_frame_bytes >= 127  # fast-path frames are under 128 bytes
+        accel = self._accel
+        # the pure-Python fast path, without the extension: its frames are under 128 bytes
+        fast_ok = accel is None and self.max_frame_bytes >= 127
         next_seq = base_seq + self.count
         try:
             while pos < end:
+                if accel is not None and self._pending_gap is None:
+                    pos = accel.decode_frames(
+                        view,
+                        pos,
+                        header,
+                        strings,
+                        self.count,
+                        self._usage_known,
+                        self.max_frame_bytes,
+                        out,
+                    )
+                    if pos == end:
+                        break
+                    # the frame at pos is not the extension's to take: the general path reads it
                 fast = _fast_frame(view, pos, end, strings) if fast_ok else None
                 if fast is not None:
                     offset, token_id, text, pos, literal = fast
@@ -964,6 +1092,9 @@ class DeltaCodec(Codec):
     a decoder reads with ``schema`` (its reader schema) after checking that the writer's
     schema, found by id through ``resolver`` (by default a cache in front of ``registry``), is
     compatible with it.
+
+    ``pure_python=True`` keeps its encoders and decoders off the C extension (see the module
+    docstring): the reference path, for tests and benchmarks.
     """
 
     name: ClassVar[str] = "delta"
@@ -978,7 +1109,9 @@ class DeltaCodec(Codec):
         registry: SchemaRegistry | None = None,
         resolver: SchemaResolver | None = None,
         subject: str = SUBJECT,
+        pure_python: bool = False,
     ) -> None:
+        self.pure_python = pure_python
         self.registry = default_registry() if registry is None else registry
         self.schema = schema
         self.schema_id = self.registry.register(subject, schema)
@@ -1008,7 +1141,9 @@ class DeltaCodec(Codec):
         return self._carries_usage
 
     def stream_encoder(self) -> StreamEncoder:
-        return DeltaStreamEncoder(self.schema_id, carries_usage=self._carries_usage)
+        return DeltaStreamEncoder(
+            self.schema_id, carries_usage=self._carries_usage, pure_python=self.pure_python
+        )
 
     def stream_decoder(
         self, type_: type[Any] | None = None, /, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
@@ -1018,7 +1153,9 @@ class DeltaCodec(Codec):
         return DeltaStreamDecoder(self, max_frame_bytes)
 
     def encode(self, message: Any, /) -> bytes:
-        encoder = DeltaStreamEncoder(self.schema_id, carries_usage=self._carries_usage)
+        encoder = DeltaStreamEncoder(
+            self.schema_id, carries_usage=self._carries_usage, pure_python=self.pure_python
+        )
         return encoder.encode(message)
 
     def decode(self, data: BytesLike, type_: type[M], /) -> M:

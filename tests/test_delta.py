@@ -7,7 +7,8 @@ by cutting an encoded stream along the layout its module docstring documents:
     frame   varint L + 1, L bytes of a ``Frame`` message (a length of 0 is the end marker)
     end     0x00, varint count of the chunks sent
 
-Schema evolution, the resolver's faults and its cache are at the end of the file.
+Schema evolution, the resolver's faults and its cache are at the end of the file. Every test
+runs twice: on the C extension's path and on the pure-Python one (the ``path`` fixture).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import functools
 import itertools
 import math
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -33,6 +34,19 @@ from inferwire.codecs.delta_codec import DELTA_V1, DELTA_V2, DeltaCodec
 
 MiB = 1024 * 1024
 CODEC = DeltaCodec()  # schema version 2, the default registry (v1 is id 1, v2 id 2)
+
+
+@pytest.fixture(autouse=True, scope="module", params=["accelerated", "pure-python"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The encoders and decoders made within: with the C extension, or without it."""
+    if request.param == "accelerated" and not delta_codec.accelerated():
+        pytest.skip("the C extension is not built, or INFERWIRE_PURE_PYTHON is set")
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "pure-python":
+            patch.setattr(delta_codec, "_accel", None)
+        yield request.param
+
+
 STREAM_WORKLOADS = workloads.names(kind="stream")
 SMALL_WORKLOADS = [w for w in STREAM_WORKLOADS if len(workloads.get(w).messages()) <= 256]
 LARGE_WORKLOADS = [w for w in STREAM_WORKLOADS if w not in SMALL_WORKLOADS]

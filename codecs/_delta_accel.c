@@ -1,0 +1,1634 @@
+/* _delta_accel: the delta codec's per-frame work, compiled.
+ *
+ * codecs/delta_codec.py is the reference: its module docstring gives the bytes, and its pure
+ * Python encoder and decoder stay the fallback. This module does the hot work of one stream's
+ * steady state and nothing else:
+ *
+ *   encode_frame  one chunk -> the bytes of its frame (length prefix included), updating the
+ *                 encoder's string table, byte for byte what DeltaStreamEncoder._encode writes;
+ *   decode_frames the complete frames at the front of a buffer -> chunks, as long as each is in
+ *                 sequence and has the shape the encoder writes.
+ *
+ * Anything else (a type or value the encoder refuses, a frame out of turn, an unknown or
+ * repeated field, a bad ref, invalid UTF-8, a partial frame, the end marker) is handed back
+ * untouched: encode_frame returns None before changing the table, decode_frames returns the
+ * position of the frame it did not take. The Python path then does what it always does, and
+ * raises its own typed errors. The only exception raised here is MemoryError (and TypeError
+ * for arguments of the wrong type, which the codec never passes).
+ *
+ * Hostile bytes: every read is bounds-checked against the frame or field it belongs to, varints
+ * stop at 10 bytes and 64 bits, lengths are checked before use, and nothing is allocated from a
+ * declared size: a tuple of token ids is sized by the ids actually present.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h> /* T_OBJECT_EX, READONLY */
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Bumped when an argument list changes: delta_codec ignores a stale build that disagrees. */
+#define API_VERSION 1
+
+#define MAX_VARINT_BYTES 10
+#define MAX_SCALE 22
+#define MAX_EXACT ((int64_t)1 << 53)
+#define UINT32_LIMIT ((uint64_t)1 << 32)
+#define SMALL_BUF 512
+
+/* 10.0 ** k for k <= 22: every one an exact double (delta_codec._POW10). */
+static const double POW10[MAX_SCALE + 1] = {
+    1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+    1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+};
+
+/* Results of the steps below: done, hand back to Python, or an exception is set. */
+enum { STEP_OK = 0, STEP_BAIL = 1, STEP_ERROR = -1 };
+
+/* ---- the model classes, written through their slots --------------------------------------- */
+
+enum { C_ID, C_MODEL, C_CREATED, C_INDEX, C_SEQ, C_TOKEN_IDS, C_TEXT, C_LOGPROBS, C_FINISH, C_USAGE,
+       C_FIELDS };
+enum { L_TOKEN, L_LOGPROB, L_TOP, L_FIELDS };
+enum { T_TOKEN, T_LOGPROB, T_FIELDS };
+enum { U_PROMPT, U_COMPLETION, U_FIELDS };
+
+static const char *const CHUNK_FIELDS[C_FIELDS] = {
+    "id", "model", "created", "index", "seq", "token_ids", "text", "logprobs", "finish_reason",
+    "usage"};
+static const char *const LOGPROB_FIELDS[L_FIELDS] = {"token", "logprob", "top"};
+static const char *const TOP_FIELDS[T_FIELDS] = {"token", "logprob"};
+static const char *const USAGE_FIELDS[U_FIELDS] = {"prompt_tokens", "completion_tokens"};
+
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t offsets[C_FIELDS];
+} ModelClass;
+
+static struct {
+    int configured;
+    ModelClass chunk, logprob, top, usage;
+    Py_ssize_t max_entries; /* MAX_TABLE_ENTRIES */
+    Py_ssize_t max_chars;   /* MAX_INTERNED_CHARS */
+    PyObject *empty;        /* "" */
+} S;
+
+#define SLOT(obj, cls, field) (*(PyObject **)((char *)(obj) + S.cls.offsets[field]))
+
+/* Find each field's slot offset from the class's member descriptor: the frozen, slotted
+ * dataclasses of codecs/model.py. model.py builds the same objects through the same
+ * descriptors (object.__new__, then each slot's __set__). */
+static int
+bind_class(ModelClass *cls, PyObject *type, const char *const *names, Py_ssize_t count)
+{
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "configure() takes the model classes");
+        return -1;
+    }
+    PyTypeObject *tp = (PyTypeObject *)type;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *descr = PyObject_GetAttrString(type, names[i]);
+        if (descr == NULL) {
+            return -1;
+        }
+        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)descr)->d_common.d_type == tp;
+        if (ok) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            ok = member->type == T_OBJECT_EX && !(member->flags & READONLY) &&
+                 member->offset >= (Py_ssize_t)sizeof(PyObject) &&
+                 member->offset + (Py_ssize_t)sizeof(PyObject *) <= tp->tp_basicsize;
+            cls->offsets[i] = member->offset;
+        }
+        Py_DECREF(descr);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot of a slotted class", tp->tp_name,
+                         names[i]);
+            return -1;
+        }
+    }
+    /* exactly these slots (no other field this module would leave unset), and no __dict__ */
+    if (tp->tp_basicsize != (Py_ssize_t)(sizeof(PyObject) + count * sizeof(PyObject *)) ||
+        tp->tp_dictoffset != 0 || tp->tp_alloc == NULL || tp->tp_itemsize != 0) {
+        PyErr_Format(PyExc_TypeError, "%s has other fields than this module writes",
+                     tp->tp_name);
+        return -1;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(cls->type, tp);
+    return 0;
+}
+
+/* A new instance with its slots set to values, whose references it steals (all of them, also
+ * on failure). */
+static PyObject *
+new_instance(const ModelClass *cls, PyObject **values, Py_ssize_t count)
+{
+    PyObject *obj = cls->type->tp_alloc(cls->type, 0);
+    if (obj == NULL) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Py_DECREF(values[i]);
+        }
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        *(PyObject **)((char *)obj + cls->offsets[i]) = values[i];
+    }
+    return obj;
+}
+
+static PyObject *
+configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure(TokenChunk, TokenLogprob, TopLogprob, Usage, max_entries, "
+                        "max_chars)");
+        return NULL;
+    }
+    S.configured = 0;
+    if (bind_class(&S.chunk, args[0], CHUNK_FIELDS, C_FIELDS) < 0 ||
+        bind_class(&S.logprob, args[1], LOGPROB_FIELDS, L_FIELDS) < 0 ||
+        bind_class(&S.top, args[2], TOP_FIELDS, T_FIELDS) < 0 ||
+        bind_class(&S.usage, args[3], USAGE_FIELDS, U_FIELDS) < 0) {
+        return NULL;
+    }
+    Py_ssize_t max_entries = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t max_chars = PyLong_AsSsize_t(args[5]);
+    if ((max_entries == -1 || max_chars == -1) && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (max_entries < 0 || max_chars < 0) {
+        PyErr_SetString(PyExc_ValueError, "table limits must not be negative");
+        return NULL;
+    }
+    S.max_entries = max_entries;
+    S.max_chars = max_chars;
+    if (S.empty == NULL && (S.empty = PyUnicode_FromStringAndSize("", 0)) == NULL) {
+        return NULL;
+    }
+    S.configured = 1;
+    Py_RETURN_NONE;
+}
+
+static int
+check_configured(void)
+{
+    if (!S.configured) {
+        PyErr_SetString(PyExc_RuntimeError, "_delta_accel.configure() was not called");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- varints -------------------------------------------------------------------------------- */
+
+/* The varint at *pos (before end): 1 and *pos past it, or 0 if cut, over 10 bytes or over 64
+ * bits (pbwire.read_varint's errors: the Python path reports them). */
+static inline int
+read_varint(const uint8_t *data, Py_ssize_t *pos, Py_ssize_t end, uint64_t *out)
+{
+    Py_ssize_t at = *pos;
+    if (at < end && data[at] < 0x80) {
+        *out = data[at];
+        *pos = at + 1;
+        return 1;
+    }
+    uint64_t value = 0;
+    for (int i = 0; i < MAX_VARINT_BYTES; i++) {
+        if (at >= end) {
+            return 0;
+        }
+        uint8_t byte = data[at++];
+        if (i == MAX_VARINT_BYTES - 1 && byte > 1) {
+            return 0; /* past 64 bits, or an 11th byte */
+        }
+        value |= (uint64_t)(byte & 0x7F) << (7 * i);
+        if (byte < 0x80) {
+            *out = value;
+            *pos = at;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A length-delimited field's payload at *pos: [*start, *stop) inside end. */
+static inline int
+read_len(const uint8_t *data, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t *start,
+         Py_ssize_t *stop)
+{
+    uint64_t length;
+    if (!read_varint(data, pos, end, &length) || length > (uint64_t)(end - *pos)) {
+        return 0;
+    }
+    *start = *pos;
+    *stop = *pos + (Py_ssize_t)length;
+    *pos = *stop;
+    return 1;
+}
+
+static inline int
+varint_size(uint64_t value)
+{
+    int size = 1;
+    while (value >= 0x80) {
+        value >>= 7;
+        size++;
+    }
+    return size;
+}
+
+static inline int64_t
+unzigzag(uint64_t value)
+{
+    return (int64_t)(value >> 1) ^ -(int64_t)(value & 1);
+}
+
+static inline uint64_t
+zigzag(int64_t value)
+{
+    return ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+}
+
+/* ---- the output buffer ---------------------------------------------------------------------- */
+
+typedef struct {
+    char *data;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+    char small[SMALL_BUF];
+} Buf;
+
+static void
+buf_init(Buf *buf, Py_ssize_t reserved)
+{
+    buf->data = buf->small;
+    buf->cap = SMALL_BUF;
+    buf->len = reserved;
+}
+
+static void
+buf_free(Buf *buf)
+{
+    if (buf->data != buf->small) {
+        PyMem_Free(buf->data);
+    }
+}
+
+static int
+buf_grow(Buf *buf, Py_ssize_t extra)
+{
+    if (extra > PY_SSIZE_T_MAX / 4 - buf->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t need = buf->len + extra;
+    Py_ssize_t cap = buf->cap;
+    while (cap < need) {
+        cap *= 2;
+    }
+    char *data;
+    if (buf->data == buf->small) {
+        data = PyMem_Malloc(cap);
+        if (data != NULL) {
+            memcpy(data, buf->small, buf->len);
+        }
+    }
+    else {
+        data = PyMem_Realloc(buf->data, cap);
+    }
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    buf->data = data;
+    buf->cap = cap;
+    return 0;
+}
+
+static inline int
+buf_reserve(Buf *buf, Py_ssize_t extra)
+{
+    return buf->cap - buf->len >= extra ? 0 : buf_grow(buf, extra);
+}
+
+static inline int
+put_byte(Buf *buf, uint8_t byte)
+{
+    if (buf_reserve(buf, 1) < 0) {
+        return -1;
+    }
+    buf->data[buf->len++] = (char)byte;
+    return 0;
+}
+
+static inline void
+write_varint(char *out, uint64_t value)
+{
+    while (value >= 0x80) {
+        *out++ = (char)((value & 0x7F) | 0x80);
+        value >>= 7;
+    }
+    *out = (char)value;
+}
+
+static inline int
+put_varint(Buf *buf, uint64_t value)
+{
+    if (buf_reserve(buf, MAX_VARINT_BYTES) < 0) {
+        return -1;
+    }
+    if (value < 0x80) {
+        buf->data[buf->len++] = (char)value;
+        return 0;
+    }
+    write_varint(buf->data + buf->len, value);
+    buf->len += varint_size(value);
+    return 0;
+}
+
+static inline int
+put_bytes(Buf *buf, const char *bytes, Py_ssize_t size)
+{
+    if (buf_reserve(buf, size) < 0) {
+        return -1;
+    }
+    memcpy(buf->data + buf->len, bytes, size);
+    buf->len += size;
+    return 0;
+}
+
+/* key, then a length-delimited payload: one byte kept for its length, fixed by end_len. */
+static inline int
+begin_len(Buf *buf, uint8_t key, Py_ssize_t *mark)
+{
+    if (put_byte(buf, key) < 0 || put_byte(buf, 0) < 0) {
+        return -1;
+    }
+    *mark = buf->len - 1;
+    return 0;
+}
+
+static int
+end_len(Buf *buf, Py_ssize_t mark)
+{
+    Py_ssize_t length = buf->len - mark - 1;
+    if (length < 0x80) {
+        buf->data[mark] = (char)length;
+        return 0;
+    }
+    int size = varint_size((uint64_t)length);
+    if (buf_reserve(buf, size - 1) < 0) {
+        return -1;
+    }
+    memmove(buf->data + mark + size, buf->data + mark + 1, length);
+    write_varint(buf->data + mark, (uint64_t)length);
+    buf->len += size - 1;
+    return 0;
+}
+
+static inline int
+put_double(Buf *buf, double value)
+{
+    if (buf_reserve(buf, 8) < 0) {
+        return -1;
+    }
+    if (PyFloat_Pack8(value, buf->data + buf->len, 1) < 0) {
+        return -1;
+    }
+    buf->len += 8;
+    return 0;
+}
+
+/* ---- logprobs as decimals ------------------------------------------------------------------- */
+
+/* delta_codec._decimal: value == mantissa / 10**scale exactly, from the shortest repr.
+ * 1: found; 0: none (nan, inf, zero, exponent notation, too many places or digits); -1: error. */
+static int
+decimal(double value, int64_t *mantissa, int *scale)
+{
+    char *text = PyOS_double_to_string(value, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (text == NULL) {
+        return -1;
+    }
+    int found = 0;
+    const char *dot = strchr(text, '.');
+    if (dot != NULL && strchr(dot, 'e') == NULL) {
+        const char *fraction = dot + 1;
+        size_t places = strlen(fraction);
+        if (places == 1 && fraction[0] == '0') {
+            places = 0; /* "123.0": an integer */
+        }
+        if (places <= MAX_SCALE) {
+            const char *at = text;
+            int negative = *at == '-';
+            at += negative;
+            uint64_t digits = 0;
+            int fits = 1;
+            for (; at < dot + 1 + places && fits; at++) {
+                if (at == dot) {
+                    continue;
+                }
+                if (*at < '0' || *at > '9') {
+                    fits = 0;
+                    break;
+                }
+                digits = digits * 10 + (uint64_t)(*at - '0');
+                fits = digits < (uint64_t)MAX_EXACT;
+            }
+            if (fits && digits != 0) { /* zero keeps its sign only as a double */
+                *mantissa = negative ? -(int64_t)digits : (int64_t)digits;
+                *scale = (int)places;
+                found = 1;
+            }
+        }
+    }
+    PyMem_Free(text);
+    return found;
+}
+
+/* ---- encoding ------------------------------------------------------------------------------- */
+
+/* Whether text is a string the encoder can write: an exact str that is in the table already
+ * or encodes to UTF-8 (a lone surrogate does not: the Python path raises for it). */
+static int
+writable_str(PyObject *text, PyObject *index)
+{
+    if (!PyUnicode_CheckExact(text)) {
+        return STEP_BAIL;
+    }
+    if (PyDict_GetItemWithError(index, text) != NULL) {
+        return STEP_OK;
+    }
+    if (PyErr_Occurred()) {
+        return STEP_ERROR;
+    }
+    Py_ssize_t size;
+    if (PyUnicode_AsUTF8AndSize(text, &size) == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+            PyErr_Clear();
+            return STEP_BAIL;
+        }
+        return STEP_ERROR;
+    }
+    return STEP_OK;
+}
+
+static int
+same_str(PyObject *a, PyObject *b)
+{
+    return a == b || PyUnicode_Compare(a, b) == 0; /* both exact str: no error */
+}
+
+/* An exact int in [0, 2**32). */
+static int
+uint32_value(PyObject *value, uint64_t *out)
+{
+    if (!PyLong_CheckExact(value)) {
+        return 0;
+    }
+    int overflow;
+    long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || number < 0 || (uint64_t)number >= UINT32_LIMIT) {
+        return 0;
+    }
+    *out = (uint64_t)number;
+    return 1;
+}
+
+/* Every check the Python path makes, and the exact types this path takes, before anything is
+ * written or added to the table: STEP_BAIL hands the chunk to the Python path unchanged. */
+static int
+check_chunk(PyObject *chunk, PyObject *base, PyObject *next_seq, PyObject *index,
+            int carries_usage)
+{
+    for (int field = C_ID; field <= C_USAGE; field++) {
+        if (*(PyObject **)((char *)chunk + S.chunk.offsets[field]) == NULL) {
+            return STEP_BAIL; /* an unset slot: the Python path raises AttributeError */
+        }
+    }
+    /* the same response: id and model equal strings, created and index equal ints */
+    for (int field = C_ID; field <= C_INDEX; field++) {
+        PyObject *value = *(PyObject **)((char *)chunk + S.chunk.offsets[field]);
+        PyObject *expected = PyTuple_GET_ITEM(base, field);
+        int exact = field <= C_MODEL
+                        ? PyUnicode_CheckExact(value) && PyUnicode_CheckExact(expected)
+                        : PyLong_CheckExact(value) && PyLong_CheckExact(expected);
+        if (!exact) {
+            return STEP_BAIL; /* the Python path compares other types with their own __ne__ */
+        }
+        int equal = PyObject_RichCompareBool(value, expected, Py_EQ); /* identity first */
+        if (equal <= 0) {
+            return equal < 0 ? STEP_ERROR : STEP_BAIL;
+        }
+    }
+    PyObject *seq = SLOT(chunk, chunk, C_SEQ);
+    if (!PyLong_CheckExact(seq) || !PyLong_CheckExact(next_seq)) {
+        return STEP_BAIL;
+    }
+    int equal = PyObject_RichCompareBool(seq, next_seq, Py_EQ);
+    if (equal <= 0) {
+        return equal < 0 ? STEP_ERROR : STEP_BAIL;
+    }
+    PyObject *token_ids = SLOT(chunk, chunk, C_TOKEN_IDS);
+    if (!PyTuple_CheckExact(token_ids)) {
+        return STEP_BAIL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(token_ids); i++) {
+        uint64_t token_id;
+        if (!uint32_value(PyTuple_GET_ITEM(token_ids, i), &token_id)) {
+            return STEP_BAIL;
+        }
+    }
+    int step = writable_str(SLOT(chunk, chunk, C_TEXT), index);
+    if (step != STEP_OK) {
+        return step;
+    }
+    PyObject *logprobs = SLOT(chunk, chunk, C_LOGPROBS);
+    if (logprobs != Py_None) {
+        if (!PyTuple_CheckExact(logprobs)) {
+            return STEP_BAIL;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(logprobs); i++) {
+            PyObject *lp = PyTuple_GET_ITEM(logprobs, i);
+            if (!Py_IS_TYPE(lp, S.logprob.type)) {
+                return STEP_BAIL;
+            }
+            PyObject *token = SLOT(lp, logprob, L_TOKEN);
+            PyObject *value = SLOT(lp, logprob, L_LOGPROB);
+            PyObject *top = SLOT(lp, logprob, L_TOP);
+            if (token == NULL || value == NULL || top == NULL || !PyFloat_CheckExact(value) ||
+                !PyTuple_CheckExact(top)) {
+                return STEP_BAIL;
+            }
+            if ((step = writable_str(token, index)) != STEP_OK) {
+                return step;
+            }
+            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(top); j++) {
+                PyObject *alternative = PyTuple_GET_ITEM(top, j);
+                if (!Py_IS_TYPE(alternative, S.top.type)) {
+                    return STEP_BAIL;
+                }
+                PyObject *alt_token = SLOT(alternative, top, T_TOKEN);
+                PyObject *alt_value = SLOT(alternative, top, T_LOGPROB);
+                if (alt_token == NULL || alt_value == NULL || !PyFloat_CheckExact(alt_value)) {
+                    return STEP_BAIL;
+                }
+                if ((step = writable_str(alt_token, index)) != STEP_OK) {
+                    return step;
+                }
+            }
+        }
+    }
+    PyObject *finish = SLOT(chunk, chunk, C_FINISH);
+    if (finish != Py_None && (step = writable_str(finish, index)) != STEP_OK) {
+        return step;
+    }
+    PyObject *usage = SLOT(chunk, chunk, C_USAGE);
+    if (usage != Py_None) {
+        uint64_t count;
+        if (!carries_usage || !Py_IS_TYPE(usage, S.usage.type)) {
+            return STEP_BAIL;
+        }
+        PyObject *prompt = SLOT(usage, usage, U_PROMPT);
+        PyObject *completion = SLOT(usage, usage, U_COMPLETION);
+        if (prompt == NULL || completion == NULL || !uint32_value(prompt, &count) ||
+            !uint32_value(completion, &count)) {
+            return STEP_BAIL;
+        }
+    }
+    return STEP_OK;
+}
+
+/* _Table.ref: the table ref of text (0: it is sent literally, and joins the table if it may). */
+static int
+table_ref(PyObject *index, PyObject *strings, PyObject *text, uint64_t *ref)
+{
+    PyObject *found = PyDict_GetItemWithError(index, text);
+    if (found != NULL) {
+        Py_ssize_t position = PyLong_AsSsize_t(found);
+        if (position < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "corrupt string table");
+            }
+            return -1;
+        }
+        *ref = (uint64_t)position + 1;
+        return 0;
+    }
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    *ref = 0;
+    Py_ssize_t length = PyUnicode_GET_LENGTH(text);
+    Py_ssize_t entries = PyList_GET_SIZE(strings);
+    if (0 < length && length <= S.max_chars && entries < S.max_entries) {
+        PyObject *position = PyLong_FromSsize_t(entries);
+        if (position == NULL) {
+            return -1;
+        }
+        int failed = PyDict_SetItem(index, text, position);
+        Py_DECREF(position);
+        if (failed || PyList_Append(strings, text) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A string field of the frame or a Logprob: its table ref under ref_key, else its UTF-8 under
+ * literal_key (nothing for an empty string, which is never in the table). */
+static int
+put_string(Buf *buf, PyObject *index, PyObject *strings, PyObject *text, uint8_t ref_key,
+           uint8_t literal_key)
+{
+    uint64_t ref;
+    if (table_ref(index, strings, text, &ref) < 0) {
+        return -1;
+    }
+    if (ref) {
+        return put_byte(buf, ref_key) < 0 || put_varint(buf, ref) < 0 ? -1 : 0;
+    }
+    Py_ssize_t size;
+    const char *raw = PyUnicode_AsUTF8AndSize(text, &size);
+    if (raw == NULL) {
+        return -1;
+    }
+    if (size == 0) {
+        return 0;
+    }
+    if (put_byte(buf, literal_key) < 0 || put_varint(buf, (uint64_t)size) < 0 ||
+        put_bytes(buf, raw, size) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* key, then text's UTF-8, however short. */
+static int
+put_literal(Buf *buf, uint8_t key, PyObject *text)
+{
+    Py_ssize_t size;
+    const char *raw = PyUnicode_AsUTF8AndSize(text, &size);
+    if (raw == NULL || put_byte(buf, key) < 0 || put_varint(buf, (uint64_t)size) < 0 ||
+        put_bytes(buf, raw, size) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+#define SMALL_TOP 32
+
+static inline double
+top_value(PyObject *top, Py_ssize_t i)
+{
+    return PyFloat_AS_DOUBLE(SLOT(PyTuple_GET_ITEM(top, i), top, T_LOGPROB));
+}
+
+/* delta_codec._top_logprobs for top[first:]: decimals over one common scale, else doubles. */
+static int
+put_top_values(Buf *buf, PyObject *top, Py_ssize_t first)
+{
+    Py_ssize_t count = PyTuple_GET_SIZE(top) - first;
+    int64_t small[SMALL_TOP];
+    int64_t *mantissas = small;
+    int *scales = NULL;
+    int small_scales[SMALL_TOP];
+    int result = -1;
+    if (count > SMALL_TOP) {
+        mantissas = PyMem_Malloc(count * sizeof(int64_t));
+        scales = PyMem_Malloc(count * sizeof(int));
+        if (mantissas == NULL || scales == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    else {
+        scales = small_scales;
+    }
+    int scale = 0;
+    int exact = 1;
+    for (Py_ssize_t i = 0; i < count && exact; i++) {
+        int found = decimal(top_value(top, first + i), &mantissas[i], &scales[i]);
+        if (found < 0) {
+            goto done;
+        }
+        exact = found;
+        if (exact && scales[i] > scale) {
+            scale = scales[i];
+        }
+    }
+    /* each mantissa at the common scale, while all stay below 2**53 (no step overflows) */
+    for (Py_ssize_t i = 0; i < count && exact; i++) {
+        for (int k = scales[i]; k < scale && exact; k++) {
+            mantissas[i] *= 10;
+            exact = mantissas[i] < MAX_EXACT && mantissas[i] > -MAX_EXACT;
+        }
+    }
+    if (exact) {
+        Py_ssize_t mark;
+        if (begin_len(buf, 0x52, &mark) < 0) {
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (put_varint(buf, zigzag(mantissas[i])) < 0) {
+                goto done;
+            }
+        }
+        if (end_len(buf, mark) < 0 || put_byte(buf, 0x58) < 0 ||
+            put_byte(buf, (uint8_t)scale) < 0) {
+            goto done;
+        }
+    }
+    else {
+        if (put_byte(buf, 0x3A) < 0 || put_varint(buf, (uint64_t)count * 8) < 0) {
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (put_double(buf, top_value(top, first + i)) < 0) {
+                goto done;
+            }
+        }
+    }
+    result = 0;
+done:
+    if (mantissas != small) {
+        PyMem_Free(mantissas);
+    }
+    if (scales != small_scales) {
+        PyMem_Free(scales);
+    }
+    return result;
+}
+
+static int
+same_float(double a, double b)
+{
+    return a == b && (a != 0.0 || copysign(1.0, a) == copysign(1.0, b));
+}
+
+/* delta_codec._logprob: one Logprob message's fields. */
+static int
+put_logprob(Buf *buf, PyObject *index, PyObject *strings, PyObject *lp)
+{
+    PyObject *token = SLOT(lp, logprob, L_TOKEN);
+    double value = PyFloat_AS_DOUBLE(SLOT(lp, logprob, L_LOGPROB));
+    PyObject *top = SLOT(lp, logprob, L_TOP);
+    if (put_string(buf, index, strings, token, 0x08, 0x12) < 0) {
+        return -1;
+    }
+    int64_t mantissa;
+    int scale;
+    int found = decimal(value, &mantissa, &scale);
+    if (found < 0) {
+        return -1;
+    }
+    if (found) {
+        if (put_byte(buf, 0x40) < 0 || put_varint(buf, zigzag(mantissa)) < 0 ||
+            put_byte(buf, 0x48) < 0 || put_byte(buf, (uint8_t)scale) < 0) {
+            return -1;
+        }
+    }
+    else if (put_byte(buf, 0x19) < 0 || put_double(buf, value) < 0) {
+        return -1;
+    }
+    Py_ssize_t count = PyTuple_GET_SIZE(top);
+    Py_ssize_t first = 0;
+    if (count) {
+        PyObject *head = PyTuple_GET_ITEM(top, 0);
+        if (same_str(SLOT(head, top, T_TOKEN), token) && same_float(top_value(top, 0), value)) {
+            if (put_byte(buf, 0x20) < 0 || put_byte(buf, 0x01) < 0) {
+                return -1;
+            }
+            first = 1;
+        }
+    }
+    if (first == count) {
+        return 0;
+    }
+    /* The refs, in order: each new string joins the table as it comes, so a later alternative
+     * may already refer to it. Then the literals, for the refs that are 0. */
+    Py_ssize_t mark;
+    if (begin_len(buf, 0x2A, &mark) < 0) {
+        return -1;
+    }
+    int literals = 0;
+    for (Py_ssize_t i = first; i < count; i++) {
+        uint64_t ref;
+        PyObject *alt_token = SLOT(PyTuple_GET_ITEM(top, i), top, T_TOKEN);
+        if (table_ref(index, strings, alt_token, &ref) < 0 || put_varint(buf, ref) < 0) {
+            return -1;
+        }
+        literals |= ref == 0;
+    }
+    Py_ssize_t refs_length = buf->len - mark - 1;
+    if (end_len(buf, mark) < 0) {
+        return -1;
+    }
+    if (literals) {
+        /* read the refs back from the buffer (which put_literal may move) */
+        Py_ssize_t at = mark + varint_size((uint64_t)refs_length);
+        Py_ssize_t refs_end = at + refs_length;
+        for (Py_ssize_t i = first; at < refs_end; i++) {
+            uint64_t ref = 0;
+            read_varint((const uint8_t *)buf->data, &at, refs_end, &ref); /* ours */
+            if (ref == 0 && put_literal(buf, 0x32, SLOT(PyTuple_GET_ITEM(top, i), top, T_TOKEN)) <
+                                0) {
+                return -1;
+            }
+        }
+    }
+    return put_top_values(buf, top, first);
+}
+
+static int
+put_frame(Buf *buf, PyObject *chunk, uint64_t offset, PyObject *index, PyObject *strings)
+{
+    if (offset && (put_byte(buf, 0x08) < 0 || put_varint(buf, offset) < 0)) {
+        return -1;
+    }
+    PyObject *token_ids = SLOT(chunk, chunk, C_TOKEN_IDS);
+    if (PyTuple_GET_SIZE(token_ids)) {
+        Py_ssize_t mark;
+        if (begin_len(buf, 0x12, &mark) < 0) {
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(token_ids); i++) {
+            uint64_t token_id = 0;
+            uint32_value(PyTuple_GET_ITEM(token_ids, i), &token_id); /* checked */
+            if (put_varint(buf, token_id) < 0) {
+                return -1;
+            }
+        }
+        if (end_len(buf, mark) < 0) {
+            return -1;
+        }
+    }
+    if (put_string(buf, index, strings, SLOT(chunk, chunk, C_TEXT), 0x18, 0x22) < 0) {
+        return -1;
+    }
+    PyObject *logprobs = SLOT(chunk, chunk, C_LOGPROBS);
+    if (logprobs != Py_None) {
+        if (put_byte(buf, 0x28) < 0 || put_byte(buf, 0x01) < 0) {
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(logprobs); i++) {
+            Py_ssize_t mark;
+            if (begin_len(buf, 0x32, &mark) < 0 ||
+                put_logprob(buf, index, strings, PyTuple_GET_ITEM(logprobs, i)) < 0 ||
+                end_len(buf, mark) < 0) {
+                return -1;
+            }
+        }
+    }
+    PyObject *finish = SLOT(chunk, chunk, C_FINISH);
+    if (finish != Py_None && put_literal(buf, 0x3A, finish) < 0) {
+        return -1;
+    }
+    PyObject *usage = SLOT(chunk, chunk, C_USAGE);
+    if (usage != Py_None) {
+        uint64_t prompt = 0, completion = 0;
+        uint32_value(SLOT(usage, usage, U_PROMPT), &prompt); /* checked */
+        uint32_value(SLOT(usage, usage, U_COMPLETION), &completion);
+        int size = 2 + varint_size(prompt) + varint_size(completion);
+        if (put_byte(buf, 0x42) < 0 || put_byte(buf, (uint8_t)size) < 0 ||
+            put_byte(buf, 0x08) < 0 || put_varint(buf, prompt) < 0 || put_byte(buf, 0x10) < 0 ||
+            put_varint(buf, completion) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(encode_frame_doc,
+             "encode_frame(chunk, base, next_seq, offset, index, strings, carries_usage, /)\n--\n\n"
+             "The bytes of chunk's frame, length prefix included, as DeltaStreamEncoder writes "
+             "them (its string table, index and strings, updated); None, with nothing changed, "
+             "for a chunk the Python path must take.");
+
+static PyObject *
+encode_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "encode_frame() takes 7 arguments");
+        return NULL;
+    }
+    PyObject *chunk = args[0], *base = args[1], *next_seq = args[2], *offset_obj = args[3];
+    PyObject *index = args[4], *strings = args[5];
+    if (check_configured() < 0) {
+        return NULL;
+    }
+    if (!PyTuple_CheckExact(base) || PyTuple_GET_SIZE(base) != 4 || !PyDict_CheckExact(index) ||
+        !PyList_CheckExact(strings)) {
+        PyErr_SetString(PyExc_TypeError, "encode_frame() takes a 4-tuple, a dict and a list");
+        return NULL;
+    }
+    int carries_usage = PyObject_IsTrue(args[6]);
+    if (carries_usage < 0) {
+        return NULL;
+    }
+    if (!Py_IS_TYPE(chunk, S.chunk.type) || !PyLong_CheckExact(offset_obj)) {
+        Py_RETURN_NONE;
+    }
+    uint64_t offset = PyLong_AsUnsignedLongLong(offset_obj);
+    if (offset == (uint64_t)-1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* negative or past 64 bits: the Python path raises */
+        Py_RETURN_NONE;
+    }
+    int step = check_chunk(chunk, base, next_seq, index, carries_usage);
+    if (step != STEP_OK) {
+        if (step == STEP_ERROR) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    /* The body goes after room for its length prefix, which is then written right before it. */
+    Buf buf;
+    buf_init(&buf, MAX_VARINT_BYTES);
+    PyObject *result = NULL;
+    if (put_frame(&buf, chunk, offset, index, strings) == 0) {
+        Py_ssize_t body = buf.len - MAX_VARINT_BYTES;
+        uint64_t length = (uint64_t)body + 1;
+        int size = varint_size(length);
+        char *start = buf.data + MAX_VARINT_BYTES - size;
+        write_varint(start, length);
+        result = PyBytes_FromStringAndSize(start, size + body);
+    }
+    buf_free(&buf);
+    return result;
+}
+
+/* ---- decoding ------------------------------------------------------------------------------- */
+
+#define SMALL_PENDING 32
+
+/* The strings a frame adds to the table, held until the whole frame has been read: a frame
+ * handed back to Python must leave the table as it found it. */
+typedef struct {
+    PyObject *strings; /* the table: list[str] */
+    Py_ssize_t before;  /* its size when the frame began */
+    PyObject **items;
+    Py_ssize_t count;
+    Py_ssize_t cap;
+    PyObject *small[SMALL_PENDING];
+} Pending;
+
+static void
+pending_init(Pending *pending, PyObject *strings)
+{
+    pending->strings = strings;
+    pending->before = PyList_GET_SIZE(strings);
+    pending->items = pending->small;
+    pending->count = 0;
+    pending->cap = SMALL_PENDING;
+}
+
+static void
+pending_clear(Pending *pending)
+{
+    for (Py_ssize_t i = 0; i < pending->count; i++) {
+        Py_DECREF(pending->items[i]);
+    }
+    if (pending->items != pending->small) {
+        PyMem_Free(pending->items);
+    }
+    pending->items = pending->small;
+    pending->count = 0;
+    pending->cap = SMALL_PENDING;
+}
+
+/* _Table.add: a literal of 1 to max_chars characters joins the table while it has room. */
+static int
+pending_add(Pending *pending, PyObject *text)
+{
+    Py_ssize_t length = PyUnicode_GET_LENGTH(text);
+    if (!(0 < length && length <= S.max_chars && pending->before + pending->count < S.max_entries)) {
+        return 0;
+    }
+    if (pending->count == pending->cap) {
+        Py_ssize_t cap = pending->cap * 2;
+        PyObject **items;
+        if (pending->items == pending->small) {
+            items = PyMem_Malloc(cap * sizeof(PyObject *));
+            if (items != NULL) {
+                memcpy(items, pending->small, sizeof(pending->small));
+            }
+        }
+        else {
+            items = PyMem_Realloc(pending->items, cap * sizeof(PyObject *));
+        }
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        pending->items = items;
+        pending->cap = cap;
+    }
+    Py_INCREF(text);
+    pending->items[pending->count++] = text;
+    return 0;
+}
+
+/* _Table.get: a new reference to entry ref - 1, or NULL (no error set) if there is none. */
+static PyObject *
+pending_get(Pending *pending, uint64_t ref)
+{
+    if (ref == 0) {
+        return NULL;
+    }
+    uint64_t at = ref - 1;
+    if (at < (uint64_t)pending->before) {
+        if (at >= (uint64_t)PyList_GET_SIZE(pending->strings)) {
+            return NULL;
+        }
+        return Py_NewRef(PyList_GET_ITEM(pending->strings, (Py_ssize_t)at));
+    }
+    at -= (uint64_t)pending->before;
+    if (at >= (uint64_t)pending->count) {
+        return NULL;
+    }
+    return Py_NewRef(pending->items[at]);
+}
+
+static int
+pending_commit(Pending *pending)
+{
+    for (Py_ssize_t i = 0; i < pending->count; i++) {
+        if (PyList_Append(pending->strings, pending->items[i]) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Strict UTF-8 (bytes.decode()): the string, or NULL with STEP_BAIL in *step (invalid: the
+ * Python path raises) or STEP_ERROR. */
+static PyObject *
+utf8(const uint8_t *data, Py_ssize_t start, Py_ssize_t stop, int *step)
+{
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)data + start, stop - start, NULL);
+    if (text == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            *step = STEP_BAIL;
+        }
+        else {
+            *step = STEP_ERROR;
+        }
+    }
+    return text;
+}
+
+static int
+decimal_value(int64_t mantissa, uint64_t scale, double *out)
+{
+    if (scale > MAX_SCALE || mantissa >= MAX_EXACT || mantissa <= -MAX_EXACT) {
+        return 0; /* _from_decimal's DecodeError */
+    }
+    *out = (double)mantissa / POW10[scale];
+    return 1;
+}
+
+#define BAIL_IF(condition) \
+    do {                   \
+        if (condition) {   \
+            step = STEP_BAIL; \
+            goto done;     \
+        }                  \
+    } while (0)
+
+/* One Logprob message in data[pos:end], in the encoder's field order (see delta_codec._logprob):
+ * token ref or literal, logprob as a decimal or a double, the top[0]-repeats-token flag, then
+ * the other alternatives' refs, literals and packed values. */
+static int
+parse_logprob(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, Pending *pending,
+              PyObject **out)
+{
+    int step = STEP_OK;
+    PyObject *token = NULL, *value_obj = NULL, *top = NULL;
+    uint64_t number = 0;
+    /* token */
+    if (pos < end && data[pos] == 0x08) {
+        pos++;
+        BAIL_IF(!read_varint(data, &pos, end, &number) || number == 0);
+        token = pending_get(pending, number);
+        BAIL_IF(token == NULL);
+    }
+    else if (pos < end && data[pos] == 0x12) {
+        Py_ssize_t start, stop;
+        pos++;
+        BAIL_IF(!read_len(data, &pos, end, &start, &stop));
+        token = utf8(data, start, stop, &step);
+        if (token == NULL) {
+            goto done;
+        }
+        if (pending_add(pending, token) < 0) {
+            step = STEP_ERROR;
+            goto done;
+        }
+    }
+    else {
+        token = Py_NewRef(S.empty);
+    }
+    /* logprob */
+    double value;
+    if (pos < end && data[pos] == 0x19) {
+        pos++;
+        BAIL_IF(end - pos < 8);
+        value = PyFloat_Unpack8((const char *)data + pos, 1);
+        if (value == -1.0 && PyErr_Occurred()) {
+            step = STEP_ERROR;
+            goto done;
+        }
+        pos += 8;
+    }
+    else if (pos < end && data[pos] == 0x40) {
+        uint64_t scale;
+        pos++;
+        BAIL_IF(!read_varint(data, &pos, end, &number) || pos >= end || data[pos] != 0x48);
+        pos++;
+        BAIL_IF(!read_varint(data, &pos, end, &scale));
+        int64_t mantissa = unzigzag(number);
+        BAIL_IF(mantissa == 0 || !decimal_value(mantissa, scale, &value));
+    }
+    else {
+        BAIL_IF(1);
+    }
+    int top_is_token = 0;
+    if (pos < end && data[pos] == 0x20) {
+        pos++;
+        BAIL_IF(pos >= end || data[pos] != 0x01);
+        pos++;
+        top_is_token = 1;
+    }
+    /* the other alternatives: read through once to check them, then again to build */
+    Py_ssize_t refs_start = 0, refs_end = 0, literals_start = 0, values_start = 0,
+               values_end = 0;
+    Py_ssize_t count = 0, literals = 0;
+    int doubles = 0;
+    uint64_t top_scale = 0;
+    if (pos < end && data[pos] == 0x2A) {
+        pos++;
+        BAIL_IF(!read_len(data, &pos, end, &refs_start, &refs_end));
+        for (Py_ssize_t at = refs_start; at < refs_end; count++) {
+            BAIL_IF(!read_varint(data, &at, refs_end, &number));
+            literals += number == 0;
+        }
+        BAIL_IF(count == 0);
+        literals_start = pos;
+        for (Py_ssize_t i = 0; i < literals; i++) {
+            Py_ssize_t start, stop;
+            BAIL_IF(pos >= end || data[pos] != 0x32);
+            pos++;
+            BAIL_IF(!read_len(data, &pos, end, &start, &stop));
+        }
+        BAIL_IF(pos >= end);
+        if (data[pos] == 0x52) {
+            Py_ssize_t values = 0;
+            pos++;
+            BAIL_IF(!read_len(data, &pos, end, &values_start, &values_end));
+            BAIL_IF(pos >= end || data[pos] != 0x58);
+            pos++;
+            BAIL_IF(!read_varint(data, &pos, end, &top_scale) || top_scale > MAX_SCALE);
+            for (Py_ssize_t at = values_start; at < values_end; values++) {
+                double unused;
+                BAIL_IF(!read_varint(data, &at, values_end, &number) ||
+                        !decimal_value(unzigzag(number), top_scale, &unused));
+            }
+            BAIL_IF(values != count);
+        }
+        else if (data[pos] == 0x3A) {
+            pos++;
+            BAIL_IF(!read_len(data, &pos, end, &values_start, &values_end));
+            BAIL_IF((uint64_t)(values_end - values_start) != (uint64_t)count * 8);
+            doubles = 1;
+        }
+        else {
+            BAIL_IF(1);
+        }
+    }
+    BAIL_IF(pos != end);
+    /* build */
+    if ((value_obj = PyFloat_FromDouble(value)) == NULL ||
+        (top = PyTuple_New(top_is_token + count)) == NULL) {
+        step = STEP_ERROR;
+        goto done;
+    }
+    if (top_is_token) {
+        PyObject *values[T_FIELDS] = {Py_NewRef(token), Py_NewRef(value_obj)};
+        PyObject *first = new_instance(&S.top, values, T_FIELDS);
+        if (first == NULL) {
+            step = STEP_ERROR;
+            goto done;
+        }
+        PyTuple_SET_ITEM(top, 0, first);
+    }
+    Py_ssize_t ref_at = refs_start, literal_at = literals_start, value_at = values_start;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *alt_token;
+        read_varint(data, &ref_at, refs_end, &number); /* checked above */
+        if (number) {
+            alt_token = pending_get(pending, number);
+            BAIL_IF(alt_token == NULL);
+        }
+        else {
+            Py_ssize_t start = 0, stop = 0;
+            literal_at++;
+            read_len(data, &literal_at, end, &start, &stop);
+            alt_token = utf8(data, start, stop, &step);
+            if (alt_token == NULL) {
+                goto done;
+            }
+            if (pending_add(pending, alt_token) < 0) {
+                Py_DECREF(alt_token);
+                step = STEP_ERROR;
+                goto done;
+            }
+        }
+        double alt_value = 0.0;
+        if (doubles) {
+            alt_value = PyFloat_Unpack8((const char *)data + value_at, 1);
+            value_at += 8;
+            if (alt_value == -1.0 && PyErr_Occurred()) {
+                Py_DECREF(alt_token);
+                step = STEP_ERROR;
+                goto done;
+            }
+        }
+        else {
+            read_varint(data, &value_at, values_end, &number);
+            decimal_value(unzigzag(number), top_scale, &alt_value); /* checked above */
+        }
+        PyObject *values[T_FIELDS] = {alt_token, PyFloat_FromDouble(alt_value)};
+        if (values[1] == NULL) {
+            Py_DECREF(alt_token);
+            step = STEP_ERROR;
+            goto done;
+        }
+        PyObject *alternative = new_instance(&S.top, values, T_FIELDS);
+        if (alternative == NULL) {
+            step = STEP_ERROR;
+            goto done;
+        }
+        PyTuple_SET_ITEM(top, top_is_token + i, alternative);
+    }
+    PyObject *values[L_FIELDS] = {token, value_obj, top};
+    token = value_obj = top = NULL;
+    if ((*out = new_instance(&S.logprob, values, L_FIELDS)) == NULL) {
+        step = STEP_ERROR;
+    }
+done:
+    Py_XDECREF(token);
+    Py_XDECREF(value_obj);
+    Py_XDECREF(top);
+    return step;
+}
+
+typedef struct {
+    PyObject *header; /* (id, model, created, index, base_seq) */
+    uint64_t base_seq;
+    int base_seq_fits; /* base_seq below 2**64: the header's varint, always */
+    int usage_known;
+} Stream;
+
+static PyObject *
+seq_of(const Stream *stream, uint64_t offset)
+{
+    if (stream->base_seq_fits && offset <= UINT64_MAX - stream->base_seq) {
+        return PyLong_FromUnsignedLongLong(stream->base_seq + offset);
+    }
+    PyObject *delta = PyLong_FromUnsignedLongLong(offset);
+    if (delta == NULL) {
+        return NULL;
+    }
+    PyObject *seq = PyNumber_Add(PyTuple_GET_ITEM(stream->header, 4), delta);
+    Py_DECREF(delta);
+    return seq;
+}
+
+/* One frame in data[pos:end] that must be number `expected` of the stream, in the encoder's
+ * field order (see DeltaStreamEncoder._encode). */
+static int
+parse_frame(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, const Stream *stream,
+            uint64_t expected, PyObject *strings, PyObject **out)
+{
+    int step = STEP_OK;
+    Pending pending;
+    pending_init(&pending, strings);
+    PyObject *token_ids = NULL, *text = NULL, *logprobs = NULL, *finish = NULL, *usage = NULL;
+    PyObject *seq = NULL;
+    uint64_t number = 0;
+    uint64_t offset = 0;
+    if (pos < end && data[pos] == 0x08) {
+        pos++;
+        BAIL_IF(!read_varint(data, &pos, end, &offset));
+    }
+    BAIL_IF(offset != expected); /* out of turn: the Python path says how */
+    /* token ids, packed */
+    Py_ssize_t ids_start = 0, ids_end = 0, count = 0;
+    if (pos < end && data[pos] == 0x12) {
+        pos++;
+        BAIL_IF(!read_len(data, &pos, end, &ids_start, &ids_end));
+        for (Py_ssize_t at = ids_start; at < ids_end; count++) {
+            BAIL_IF(!read_varint(data, &at, ids_end, &number) || number >= UINT32_LIMIT);
+        }
+    }
+    /* text */
+    if (pos < end && data[pos] == 0x18) {
+        pos++;
+        BAIL_IF(!read_varint(data, &pos, end, &number) || number == 0);
+        text = pending_get(&pending, number);
+        BAIL_IF(text == NULL);
+    }
+    else if (pos < end && data[pos] == 0x22) {
+        Py_ssize_t start, stop;
+        pos++;
+        BAIL_IF(!read_len(data, &pos, end, &start, &stop));
+        if ((text = utf8(data, start, stop, &step)) == NULL) {
+            goto done;
+        }
+        if (pending_add(&pending, text) < 0) {
+            step = STEP_ERROR;
+            goto done;
+        }
+    }
+    else {
+        text = Py_NewRef(S.empty);
+    }
+    /* logprobs */
+    if (pos < end && data[pos] == 0x28) {
+        pos++;
+        BAIL_IF(pos >= end || data[pos] != 0x01);
+        pos++;
+        Py_ssize_t entries = 0;
+        for (Py_ssize_t at = pos; at < end && data[at] == 0x32; entries++) {
+            Py_ssize_t start, stop;
+            at++;
+            BAIL_IF(!read_len(data, &at, end, &start, &stop));
+        }
+        if ((logprobs = PyTuple_New(entries)) == NULL) {
+            step = STEP_ERROR;
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < entries; i++) {
+            Py_ssize_t start = 0, stop = 0;
+            PyObject *entry = NULL;
+            pos++;
+            read_len(data, &pos, end, &start, &stop); /* checked above */
+            if ((step = parse_logprob(data, start, stop, &pending, &entry)) != STEP_OK) {
+                goto done;
+            }
+            PyTuple_SET_ITEM(logprobs, i, entry);
+        }
+    }
+    else {
+        logprobs = Py_NewRef(Py_None);
+    }
+    /* finish reason */
+    if (pos < end && data[pos] == 0x3A) {
+        Py_ssize_t start, stop;
+        pos++;
+        BAIL_IF(!read_len(data, &pos, end, &start, &stop));
+        if ((finish = utf8(data, start, stop, &step)) == NULL) {
+            goto done;
+        }
+    }
+    else {
+        finish = Py_NewRef(Py_None);
+    }
+    /* usage: `08 <prompt> 10 <completion>`, both below 2**32 */
+    if (pos < end && data[pos] == 0x42) {
+        Py_ssize_t start, stop;
+        uint64_t prompt, completion;
+        pos++;
+        BAIL_IF(!stream->usage_known || !read_len(data, &pos, end, &start, &stop));
+        BAIL_IF(start >= stop || data[start] != 0x08);
+        start++;
+        BAIL_IF(!read_varint(data, &start, stop, &prompt) || prompt >= UINT32_LIMIT);
+        BAIL_IF(start >= stop || data[start] != 0x10);
+        start++;
+        BAIL_IF(!read_varint(data, &start, stop, &completion) || completion >= UINT32_LIMIT);
+        BAIL_IF(start != stop);
+        PyObject *values[U_FIELDS] = {PyLong_FromUnsignedLongLong(prompt),
+                                      PyLong_FromUnsignedLongLong(completion)};
+        if (values[0] == NULL || values[1] == NULL) {
+            Py_XDECREF(values[0]);
+            Py_XDECREF(values[1]);
+            step = STEP_ERROR;
+            goto done;
+        }
+        if ((usage = new_instance(&S.usage, values, U_FIELDS)) == NULL) {
+            step = STEP_ERROR;
+            goto done;
+        }
+    }
+    else {
+        usage = Py_NewRef(Py_None);
+    }
+    BAIL_IF(pos != end);
+    /* build */
+    if ((token_ids = PyTuple_New(count)) == NULL) {
+        step = STEP_ERROR;
+        goto done;
+    }
+    for (Py_ssize_t i = 0, at = ids_start; i < count; i++) {
+        read_varint(data, &at, ids_end, &number); /* checked above */
+        PyObject *token_id = PyLong_FromUnsignedLongLong(number);
+        if (token_id == NULL) {
+            step = STEP_ERROR;
+            goto done;
+        }
+        PyTuple_SET_ITEM(token_ids, i, token_id);
+    }
+    if ((seq = seq_of(stream, offset)) == NULL) {
+        step = STEP_ERROR;
+        goto done;
+    }
+    PyObject *header = stream->header;
+    PyObject *values[C_FIELDS] = {
+        Py_NewRef(PyTuple_GET_ITEM(header, 0)),
+        Py_NewRef(PyTuple_GET_ITEM(header, 1)),
+        Py_NewRef(PyTuple_GET_ITEM(header, 2)),
+        Py_NewRef(PyTuple_GET_ITEM(header, 3)),
+        seq,
+        token_ids,
+        text,
+        logprobs,
+        finish,
+        usage,
+    };
+    seq = token_ids = text = logprobs = finish = usage = NULL;
+    if ((*out = new_instance(&S.chunk, values, C_FIELDS)) == NULL) {
+        step = STEP_ERROR;
+        goto done;
+    }
+    if (pending_commit(&pending) < 0) {
+        Py_CLEAR(*out);
+        step = STEP_ERROR;
+    }
+done:
+    pending_clear(&pending);
+    Py_XDECREF(seq);
+    Py_XDECREF(token_ids);
+    Py_XDECREF(text);
+    Py_XDECREF(logprobs);
+    Py_XDECREF(finish);
+    Py_XDECREF(usage);
+    return step;
+}
+
+PyDoc_STRVAR(decode_frames_doc,
+             "decode_frames(data, pos, header, strings, count, usage_known, max_frame_bytes, "
+             "out, /)\n--\n\n"
+             "Decode the whole frames from data[pos:] into out while each is the next of the "
+             "stream (count chunks delivered before out) and has the encoder's shape, adding "
+             "their strings to the table strings; return where it stopped. The frame there, if "
+             "any, is the Python path's: partial, the end marker, too large, out of turn, "
+             "invalid, or written by another encoder.");
+
+static PyObject *
+decode_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "decode_frames() takes 8 arguments");
+        return NULL;
+    }
+    PyObject *data_obj = args[0], *header = args[2], *strings = args[3], *out = args[7];
+    if (check_configured() < 0) {
+        return NULL;
+    }
+    if (!PyBytes_CheckExact(data_obj) || !PyTuple_CheckExact(header) ||
+        PyTuple_GET_SIZE(header) != 5 || !PyList_CheckExact(strings) || !PyList_CheckExact(out)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "decode_frames() takes bytes, a 5-tuple, a list and a list");
+        return NULL;
+    }
+    const uint8_t *data = (const uint8_t *)PyBytes_AS_STRING(data_obj);
+    Py_ssize_t end = PyBytes_GET_SIZE(data_obj);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (pos < 0 || pos > end) {
+        PyErr_SetString(PyExc_ValueError, "pos outside data");
+        return NULL;
+    }
+    uint64_t count = PyLong_AsUnsignedLongLong(args[4]);
+    if (count == (uint64_t)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    int usage_known = PyObject_IsTrue(args[5]);
+    if (usage_known < 0) {
+        return NULL;
+    }
+    int overflow;
+    long long max_frame_bytes = PyLong_AsLongLongAndOverflow(args[6], &overflow);
+    if (max_frame_bytes == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (overflow > 0) {
+        max_frame_bytes = LLONG_MAX;
+    }
+    if (overflow < 0 || max_frame_bytes < 0) {
+        return PyLong_FromSsize_t(pos); /* a limit nothing fits: Python raises */
+    }
+    Stream stream = {header, 0, 0, usage_known};
+    PyObject *base_seq = PyTuple_GET_ITEM(header, 4);
+    if (PyLong_CheckExact(base_seq)) {
+        stream.base_seq = PyLong_AsUnsignedLongLong(base_seq);
+        if (stream.base_seq == (uint64_t)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+        }
+        else {
+            stream.base_seq_fits = 1;
+        }
+    }
+    while (pos < end) {
+        Py_ssize_t body = pos;
+        uint64_t length;
+        if (!read_varint(data, &body, end, &length) || length == 0 ||
+            length - 1 > (uint64_t)max_frame_bytes || length - 1 > (uint64_t)(end - body)) {
+            break; /* cut, the end marker, too large, or not all here */
+        }
+        Py_ssize_t frame_end = body + (Py_ssize_t)(length - 1);
+        uint64_t expected = count + (uint64_t)PyList_GET_SIZE(out);
+        if (expected < count) {
+            break; /* past 2**64 chunks: no offset can say it */
+        }
+        PyObject *chunk = NULL;
+        int step = parse_frame(data, body, frame_end, &stream, expected, strings, &chunk);
+        if (step == STEP_ERROR) {
+            return NULL;
+        }
+        if (step == STEP_BAIL) {
+            break;
+        }
+        int failed = PyList_Append(out, chunk);
+        Py_DECREF(chunk);
+        if (failed) {
+            return NULL;
+        }
+        pos = frame_end;
+    }
+    return PyLong_FromSsize_t(pos);
+}
+
+PyDoc_STRVAR(decimal_doc,
+             "decimal(value, /)\n--\n\n"
+             "delta_codec._decimal(value): (mantissa, scale) or None. For tests.");
+
+static PyObject *
+decimal_py(PyObject *module, PyObject *arg)
+{
+    double value = PyFloat_AsDouble(arg);
+    if (value == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    int64_t mantissa;
+    int scale;
+    int found = decimal(value, &mantissa, &scale);
+    if (found < 0) {
+        return NULL;
+    }
+    if (!found) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(Li)", (long long)mantissa, scale);
+}
+
+#define FASTCALL(function) ((PyCFunction)(void (*)(void))(function))
+
+static PyMethodDef methods[] = {
+    {"configure", FASTCALL(configure), METH_FASTCALL,
+     "configure(TokenChunk, TokenLogprob, TopLogprob, Usage, max_entries, max_chars, /)\n--\n\n"
+     "Bind the model classes and the string table's limits; call once before the rest."},
+    {"encode_frame", FASTCALL(encode_frame), METH_FASTCALL, encode_frame_doc},
+    {"decode_frames", FASTCALL(decode_frames), METH_FASTCALL, decode_frames_doc},
+    {"decimal", decimal_py, METH_O, decimal_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "inferwire.codecs._delta_accel",
+    .m_doc = "The delta codec's per-frame work, compiled (see codecs/delta_codec.py).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC
+PyInit__delta_accel(void)
+{
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(module, "API_VERSION", API_VERSION) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
