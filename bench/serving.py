@@ -84,10 +84,11 @@ async def _serve(args: argparse.Namespace) -> None:
     try:
         await _until_signalled(stop)
     finally:
+        # stop first: grpc's shutdown fails if its wait_for_termination was cancelled before
+        await server.stop()
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await serving
-        await server.stop()
 
 
 async def _proxy(args: argparse.Namespace) -> None:
