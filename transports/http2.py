@@ -100,6 +100,13 @@ class _FlowControl:
         data: bytes,
         end_stream: bool = False,
     ) -> None:
+        if len(data) <= min(
+            conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size
+        ):
+            conn.send_data(stream_id, data, end_stream=end_stream)  # the common case: one frame
+            flush()
+            await writer.wait()
+            return
         view = memoryview(data)
         while True:
             window = conn.local_flow_control_window(stream_id)
@@ -133,7 +140,13 @@ class _H2ServerProtocol(asyncio.Protocol):
     def __init__(self, server: Http2Server) -> None:
         self.server = server
         self.conn = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=False, header_encoding=None)
+            # outbound checks off: we build every header we send; inbound stay on (peers lie)
+            h2.config.H2Configuration(
+                client_side=False,
+                header_encoding=None,
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+            )
         )
         self.streams: dict[int, _ServerStream] = {}
         self.flow = _FlowControl()
@@ -235,7 +248,36 @@ class _H2ServerProtocol(asyncio.Protocol):
             stream.task = task
 
     def _dispatch(self, stream_id: int) -> None:
-        self._spawn(stream_id, self._respond(stream_id))
+        stream = self.streams[stream_id]
+        h = stream.headers
+        try:
+            response = self.server.app.handle(
+                h.get(":method", ""), h.get(":path", ""), h, b"".join(stream.body)
+            )
+        except Exception:
+            _log.exception("http2: stream %d failed", stream_id)
+            self.streams.pop(stream_id, None)
+            self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            return
+        body = response.body
+        if response.stream is None and len(body) <= min(
+            self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size
+        ):
+            # a unary answer that fits the window goes out now, without a task per request
+            self.streams.pop(stream_id, None)
+            self.conn.send_headers(
+                stream_id,
+                [
+                    (":status", str(response.status)),
+                    ("content-type", response.content_type),
+                    ("content-length", str(len(body))),
+                ],
+                end_stream=not body,
+            )
+            if body:
+                self.conn.send_data(stream_id, body, end_stream=True)
+            return  # data_received flushes
+        self._spawn(stream_id, self._respond(stream_id, response))
 
     async def _answer_refused(self, stream_id: int) -> None:
         with contextlib.suppress(h2.exceptions.H2Error, OSError):
@@ -243,13 +285,8 @@ class _H2ServerProtocol(asyncio.Protocol):
             self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
             self.flush()
 
-    async def _respond(self, stream_id: int) -> None:
-        stream = self.streams[stream_id]
-        h = stream.headers
+    async def _respond(self, stream_id: int, response: Response) -> None:
         try:
-            response = self.server.app.handle(
-                h.get(":method", ""), h.get(":path", ""), h, b"".join(stream.body)
-            )
             await self._send(stream_id, response)
         except (h2.exceptions.H2Error, OSError, asyncio.CancelledError):
             # the stream was reset or the connection lost: nothing left to answer
@@ -343,7 +380,12 @@ class _ClientStream:
 class _H2ClientProtocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.conn = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=True, header_encoding=None)
+            h2.config.H2Configuration(
+                client_side=True,
+                header_encoding=None,
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+            )
         )
         self.streams: dict[int, _ClientStream] = {}
         self.flow = _FlowControl()

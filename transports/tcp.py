@@ -45,6 +45,7 @@ OK: Final = b"\x00"
 ERROR: Final = b"\x01"
 _log = logging.getLogger(__name__)
 _READ_BYTES: Final = 256 * 1024
+_JOIN_BELOW: Final = 64 * 1024
 
 
 class TcpServer(Server):
@@ -113,8 +114,7 @@ class TcpServer(Server):
             except (ic.CodecError, BadRequestError) as exc:
                 await _answer_error(writer, 400, str(exc))
                 return True
-            writer.write(OK + _LEN.pack(len(payload)))
-            writer.write(payload)
+            _write(writer, OK + _LEN.pack(len(payload)), payload)
             await writer.drain()
             return True
         await _answer_error(writer, 400, f"unknown operation {op!r}")
@@ -135,6 +135,15 @@ class TcpServer(Server):
         timing = stamps.pack()
         writer.write(_LEN.pack(len(end)) + end + _LEN.pack(0) + _LEN.pack(len(timing)) + timing)
         await writer.drain()
+
+
+def _write(writer: asyncio.StreamWriter, head: bytes, body: bytes) -> None:
+    """One write (one segment) for a small message; a large body is not copied to join it."""
+    if len(body) < _JOIN_BELOW:
+        writer.write(head + body)
+    else:
+        writer.write(head)
+        writer.write(body)
 
 
 async def _answer_error(writer: asyncio.StreamWriter, status: int, message: str) -> None:
@@ -174,8 +183,7 @@ class TcpClient(Client):
             raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
         reader, writer = await self._connection()
         with mapped("tcp send"):
-            writer.write(_HEAD.pack(op, len(body)))
-            writer.write(body)
+            _write(writer, _HEAD.pack(op, len(body)), body)
             await writer.drain()
             status = await reader.readexactly(1)
             if status == ERROR:
