@@ -20,6 +20,10 @@ DEFAULT_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 """Largest request or response body any transport accepts unless told otherwise (the codecs'
 frame limit, and gRPC's receive limit raised from its 4 MiB default to fit the image tensors)."""
 
+BACKLOG: Final = 1024
+"""Listen backlog: asyncio's default of 100 drops connections when 100 clients connect at
+once (the connection-setup benchmark does)."""
+
 DEFAULT_TIMEOUT_S: Final = 30.0
 """Per read and per connect: generous, because a loaded 2-core machine can stall for seconds."""
 

@@ -272,6 +272,13 @@ def _translate(exc: grpc.aio.AioRpcError, what: str, count: int = 0) -> Transpor
     return RemoteError(code.name, detail)
 
 
+def _task_cancelled() -> bool:
+    """Whether a CancelledError is our task being cancelled (to be re-raised), rather than
+    grpc cancelling the call under us (a closed channel), which is a transport error."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class GrpcClient(Client):
     """One channel, reused by every call. ``deadline_s`` bounds each call (None: no deadline)."""
 
@@ -294,16 +301,28 @@ class GrpcClient(Client):
             _path("Generate"), request_serializer=pb.GenerateRequest.SerializeToString
         )
 
+    def _check_size(self, size: int) -> None:
+        if size > self.limits.max_message_bytes:
+            raise MessageTooLargeError(f"grpc: request of {size} bytes is over the limit")
+
     async def infer(self, request: ic.InferRequest) -> ic.InferResponse:
         try:
             if self.native:
-                message = await self._stub.Infer(
-                    protobuf_codec.request_to_pb(request), timeout=self.deadline_s
-                )
+                pb_request = protobuf_codec.request_to_pb(request)
+                self._check_size(pb_request.ByteSize())
+                message = await self._stub.Infer(pb_request, timeout=self.deadline_s)
                 return protobuf_codec.response_from_pb(message)
-            data = await self._infer_bytes(self.codec.encode(request), timeout=self.deadline_s)
+            payload = self.codec.encode(request)
+            self._check_size(len(payload))
+            data = await self._infer_bytes(payload, timeout=self.deadline_s)
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, "Infer") from exc
+        except asyncio.CancelledError as exc:
+            if _task_cancelled():
+                raise
+            raise CancelledByPeerError(
+                "grpc Infer: the call was cancelled (client closed)"
+            ) from exc
         try:
             return self.codec.decode(data, ic.InferResponse)
         except ic.CodecError as exc:
@@ -363,6 +382,13 @@ class GrpcClient(Client):
             done = True
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, "Generate", count) from exc
+        except asyncio.CancelledError as exc:
+            if _task_cancelled():
+                raise
+            raise StreamTruncatedError(
+                f"grpc Generate: the call was cancelled (client closed) after {count} chunks",
+                chunks_received=count,
+            ) from exc
         finally:
             if not done:
                 call.cancel()

@@ -28,7 +28,7 @@ import orjson
 import inferwire.codecs as ic
 
 from .base import Client, Server
-from .common import aclose_quietly, connect_tcp, error_detail
+from .common import BACKLOG, aclose_quietly, connect_tcp, error_detail
 from .errors import (
     MessageTooLargeError,
     ProtocolError,
@@ -139,7 +139,12 @@ class Http1Server(Server):
 
     async def start(self) -> tuple[str, int]:
         server = await asyncio.start_server(
-            self._handle, self.host, self.port, ssl=self.ssl_context, limit=_READ_BYTES
+            self._handle,
+            self.host,
+            self.port,
+            ssl=self.ssl_context,
+            limit=_READ_BYTES,
+            backlog=BACKLOG,
         )
         return self._bound(server)
 
@@ -162,7 +167,12 @@ class Http1Server(Server):
                         await self._write(writer, error(501, "upgrade is not supported"), False)
                         return
                     except httptools.HttpParserError as exc:
-                        status = 501 if "Transfer-Encoding" in str(exc) else 400
+                        # 501 for a transfer coding we do not know; a request carrying both
+                        # Content-Length and Transfer-Encoding is malformed (RFC 9112 6.3): 400
+                        text = str(exc)
+                        status = (
+                            501 if "Transfer-Encoding" in text and "Length" not in text else 400
+                        )
                         await self._write(writer, error(status, f"bad request: {exc}"), False)
                         return
                 if requests.refused is not None:
@@ -293,6 +303,7 @@ class Http1Client(Client):
         self.new_connection_per_request = new_connection_per_request
         self.max_idle = max_idle
         self._idle: list[_Connection] = []
+        self._busy: set[_Connection] = set()
         self.connections_opened = 0
         authority = f"[{self.host}]" if ":" in self.host else self.host
         self._host_header = f"host: {authority}:{self.port}\r\n"
@@ -301,6 +312,7 @@ class Http1Client(Client):
         while self._idle:
             conn = self._idle.pop()
             if not conn.writer.is_closing() and not conn.reader.at_eof():
+                self._busy.add(conn)
                 return conn
             await aclose_quietly(conn.writer)
         reader, writer = await connect_tcp(
@@ -311,9 +323,12 @@ class Http1Client(Client):
             limit=_READ_BYTES,
         )
         self.connections_opened += 1
-        return _Connection(reader, writer)
+        conn = _Connection(reader, writer)
+        self._busy.add(conn)
+        return conn
 
     async def _release(self, conn: _Connection, ok: bool) -> None:
+        self._busy.discard(conn)
         if (
             ok
             and conn.reusable
@@ -445,6 +460,10 @@ class Http1Client(Client):
             await self._release(conn, ok)
 
     async def close(self) -> None:
+        """Close every connection, idle or busy: a stream still being read ends as
+        truncated, and its server stops generating it."""
         idle, self._idle = self._idle, []
-        for conn in idle:
+        busy, self._busy = self._busy, set()
+        for conn in [*idle, *busy]:
+            conn.reusable = False
             await aclose_quietly(conn.writer)

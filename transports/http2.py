@@ -33,7 +33,7 @@ import orjson
 import inferwire.codecs as ic
 
 from .base import Client, Server
-from .common import error_detail
+from .common import BACKLOG, error_detail
 from .errors import (
     CancelledByPeerError,
     ConnectError,
@@ -79,8 +79,19 @@ class _Writer:
 class _FlowControl:
     """Per-stream events a sender waits on for window space."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float) -> None:
         self.window_events: dict[int, asyncio.Event] = {}
+        self.closed: set[int] = set()
+        self.timeout_s = timeout_s
+
+    def reset(self, stream_id: int) -> None:
+        """The peer reset the stream: its sender stops waiting and stops sending."""
+        self.closed.add(stream_id)
+        self.opened(stream_id)
+
+    def forget(self, stream_id: int) -> None:
+        self.window_events.pop(stream_id, None)
+        self.closed.discard(stream_id)
 
     def opened(self, stream_id: int | None) -> None:
         if stream_id:
@@ -114,7 +125,15 @@ class _FlowControl:
             if size <= 0 and view:
                 event = self.window_events.setdefault(stream_id, asyncio.Event())
                 event.clear()
-                await event.wait()
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        await event.wait()  # a WINDOW_UPDATE, or the stream's reset
+                except TimeoutError as exc:
+                    raise TransportTimeoutError("http2: no window to send in") from exc
+                if writer.closed:
+                    raise ConnectionResetError("connection lost")
+                if stream_id in self.closed:
+                    raise h2.exceptions.StreamClosedError(stream_id)
                 continue
             last = size == len(view)
             conn.send_data(stream_id, view[:size].tobytes(), end_stream=end_stream and last)
@@ -149,7 +168,7 @@ class _H2ServerProtocol(asyncio.Protocol):
             )
         )
         self.streams: dict[int, _ServerStream] = {}
-        self.flow = _FlowControl()
+        self.flow = _FlowControl(server.limits.timeout_s)
         self.writer: _Writer | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -233,7 +252,7 @@ class _H2ServerProtocol(asyncio.Protocol):
             stream = self.streams.pop(event.stream_id, None)
             if stream is not None and stream.task is not None:
                 stream.task.cancel()
-            self.flow.window_events.pop(event.stream_id, None)
+            self.flow.forget(event.stream_id)
         elif isinstance(event, h2.events.WindowUpdated):
             self.flow.opened(event.stream_id)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
@@ -282,7 +301,8 @@ class _H2ServerProtocol(asyncio.Protocol):
     async def _answer_refused(self, stream_id: int) -> None:
         with contextlib.suppress(h2.exceptions.H2Error, OSError):
             await self._send(stream_id, error(413, "body too large"))
-            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+            # a complete response before the request ended: RST_STREAM(NO_ERROR), RFC 9113 8.1
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
             self.flush()
 
     async def _respond(self, stream_id: int, response: Response) -> None:
@@ -298,7 +318,7 @@ class _H2ServerProtocol(asyncio.Protocol):
             self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
         finally:
             self.streams.pop(stream_id, None)
-            self.flow.window_events.pop(stream_id, None)
+            self.flow.forget(stream_id)
 
     def _reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
         with contextlib.suppress(h2.exceptions.H2Error):
@@ -354,7 +374,11 @@ class Http2Server(Server):
     async def start(self) -> tuple[str, int]:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: _H2ServerProtocol(self), self.host, self.port, ssl=self.ssl_context
+            lambda: _H2ServerProtocol(self),
+            self.host,
+            self.port,
+            ssl=self.ssl_context,
+            backlog=BACKLOG,
         )
         return self._bound(server)
 
@@ -378,7 +402,7 @@ class _ClientStream:
 
 
 class _H2ClientProtocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float) -> None:
         self.conn = h2.connection.H2Connection(
             h2.config.H2Configuration(
                 client_side=True,
@@ -388,7 +412,7 @@ class _H2ClientProtocol(asyncio.Protocol):
             )
         )
         self.streams: dict[int, _ClientStream] = {}
-        self.flow = _FlowControl()
+        self.flow = _FlowControl(timeout_s)
         self.writer: _Writer | None = None
         self.failure: Exception | None = None
 
@@ -470,10 +494,12 @@ class _H2ClientProtocol(asyncio.Protocol):
                 stream.complete = True
                 stream.event.set()
             elif isinstance(event, h2.events.StreamReset) and stream is not None:
-                stream.failure = CancelledByPeerError(
-                    f"http2: stream reset by the server ({event.error_code!r})"
-                )
+                if not (stream.complete and event.error_code == h2.errors.ErrorCodes.NO_ERROR):
+                    stream.failure = CancelledByPeerError(
+                        f"http2: stream reset by the server ({event.error_code!r})"
+                    )
                 stream.event.set()
+                self.flow.reset(event.stream_id)  # a sender waiting for window stops waiting
             elif isinstance(event, h2.events.WindowUpdated):
                 self.flow.opened(event.stream_id)
             elif isinstance(event, h2.events.RemoteSettingsChanged):
@@ -494,6 +520,7 @@ class Http2Client(Client):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._protocol: _H2ClientProtocol | None = None
+        self.connections_opened = 0
         self._connecting = asyncio.Lock()
         authority = f"[{self.host}]" if ":" in self.host else self.host
         self._authority = f"{authority}:{self.port}"
@@ -509,7 +536,7 @@ class Http2Client(Client):
                 try:
                     async with asyncio.timeout(self.limits.timeout_s):
                         transport, protocol = await loop.create_connection(
-                            _H2ClientProtocol,
+                            lambda: _H2ClientProtocol(self.limits.timeout_s),
                             self.host,
                             self.port,
                             ssl=self.ssl_context,
@@ -525,6 +552,7 @@ class Http2Client(Client):
                         transport.close()
                         raise ConnectError("http2: the server did not agree to h2 over ALPN")
                 self._protocol = protocol
+                self.connections_opened += 1
             return protocol
 
     async def _open(
@@ -552,8 +580,15 @@ class Http2Client(Client):
             )
             assert protocol.writer is not None
             await protocol.flow.send(conn, protocol.flush, protocol.writer, stream_id, body, True)
+        except h2.exceptions.StreamClosedError:
+            # the server answered (and closed the stream) before taking the whole body, as it
+            # does with 413: its answer is what the caller reads next
+            if stream.headers is None and stream.failure is None:
+                stream.failure = ProtocolError("http2: stream closed before the request was sent")
         except h2.exceptions.H2Error as exc:
             raise ProtocolError(f"http2: {exc}") from exc
+        except ConnectionResetError as exc:
+            raise StreamTruncatedError("http2: connection lost while sending") from exc
         return protocol, stream_id, stream
 
     async def _wait(self, stream: _ClientStream) -> None:
@@ -600,6 +635,7 @@ class Http2Client(Client):
     def _finish(self, protocol: _H2ClientProtocol, stream_id: int, stream: _ClientStream) -> None:
         """Forget the stream; cancel it on the server if it did not end."""
         protocol.streams.pop(stream_id, None)
+        protocol.flow.forget(stream_id)
         if not stream.complete and stream.failure is None and not protocol.transport.is_closing():
             with contextlib.suppress(h2.exceptions.H2Error):
                 protocol.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)

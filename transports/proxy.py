@@ -18,7 +18,7 @@ import time
 from collections import deque
 from typing import Final
 
-from .common import aclose_quietly
+from .common import BACKLOG, aclose_quietly
 
 _READ_BYTES: Final = 64 * 1024
 
@@ -49,7 +49,9 @@ class DelayProxy:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self._server = await asyncio.start_server(
+            self._handle, self.host, self.port, backlog=BACKLOG
+        )
         sockname = self._server.sockets[0].getsockname()
         self.address = (sockname[0], sockname[1])
         return self.address

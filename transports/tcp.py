@@ -32,7 +32,7 @@ import orjson
 import inferwire.codecs as ic
 
 from .base import Client, Server
-from .common import aclose_quietly, connect_tcp, error_body, error_detail, mapped
+from .common import BACKLOG, aclose_quietly, connect_tcp, error_body, error_detail, mapped
 from .errors import MessageTooLargeError, ProtocolError, RemoteError, StreamTruncatedError
 from .service import BadRequestError, GenerateRequest
 from .timing import ServerStamps, StreamTiming, now_ns, unpack
@@ -53,7 +53,12 @@ class TcpServer(Server):
 
     async def start(self) -> tuple[str, int]:
         server = await asyncio.start_server(
-            self._handle, self.host, self.port, ssl=self.ssl_context, limit=_READ_BYTES
+            self._handle,
+            self.host,
+            self.port,
+            ssl=self.ssl_context,
+            limit=_READ_BYTES,
+            backlog=BACKLOG,
         )
         return self._bound(server)
 
