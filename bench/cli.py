@@ -18,7 +18,12 @@ HERE = Path(__file__).resolve().parent
 RAW_NAME = "codecs.json"
 
 
-SUITES = (("bench_codecs.py", RAW_NAME), ("bench_transports.py", "transports.json"))
+SUITES = (
+    ("bench_codecs.py", RAW_NAME),
+    ("bench_transports.py", "transports.json"),
+    ("bench_connections.py", "connections.json"),
+    ("bench_stages.py", "stages.json"),
+)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -111,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", type=Path, default=Path("results"))
     rep.set_defaults(run=_report)
 
-    from . import serving
+    from . import load, serving
 
     serving.add_commands(commands)
+    load.add_commands(commands)
 
     args = parser.parse_args(argv)
     return int(args.run(args))

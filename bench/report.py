@@ -414,10 +414,22 @@ def render(
 
 
 def write(raw_path: Path, out_dir: Path) -> Path:
+    from . import claims, more_report
+
     results, raw = load(raw_path)
+    raw_dir = raw_path.parent
     transport_targets, transport_section = transport_report.render_parts(
-        raw_path.parent / transport_report.RAW_NAME
+        raw_dir / transport_report.RAW_NAME
     )
+    more_report.plot_stages(raw_dir, out_dir)
+    sections = [
+        transport_section,
+        more_report.connection_setup(raw_dir)[1],
+        more_report.stages(raw_dir)[1],
+        claims.section(results, raw_dir),
+    ]
     target = out_dir / "README.md"
-    target.write_text(render(results, raw, transport_targets, transport_section))
+    target.write_text(
+        render(results, raw, transport_targets, "\n".join(part for part in sections if part))
+    )
     return target

@@ -1,0 +1,215 @@
+"""Report sections for connection setup, per-stage time and the network's share, from
+``raw/connections.json`` and ``raw/stages.json``; and the stacked-bar plot of the stages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+CONNECTIONS_RAW = "connections.json"
+STAGES_RAW = "stages.json"
+STAGE_NAMES = ("serialize", "write", "network", "parse")
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    raw = json.loads(path.read_text())
+    return [
+        {
+            **bench["extra_info"],
+            "median_s": bench["stats"]["median"],
+            "iqr_s": bench["stats"]["iqr"],
+        }
+        for bench in raw["benchmarks"]
+    ]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+def connection_setup(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
+    results = _load(raw_dir / CONNECTIONS_RAW)
+    if not results:
+        return [], ""
+    setup = {
+        (r["transport"], r["concurrency"], r["tls"], r["delay_ms"], r["mode"]): r
+        for r in results
+        if r["op"] == "connection-setup"
+    }
+    rows = []
+    for (transport, concurrency, tls, delay, mode), new in sorted(setup.items()):
+        if mode != "new":
+            continue
+        reused = setup.get((transport, concurrency, tls, delay, "reused"))
+        if reused is None:
+            continue
+        cut = 1 - reused["median_s"] / new["median_s"]
+        rows.append(
+            [
+                f"`{transport}`",
+                str(concurrency),
+                "TLS" if tls else "plain",
+                f"{delay} ms",
+                _ms(new["median_s"]),
+                _ms(reused["median_s"]),
+                f"{cut:.0%}",
+                "yes" if new["correct"] and reused["correct"] else "**no**",
+            ]
+        )
+    sessions = [r for r in results if r["op"] == "session-connections"]
+    session_rows = [
+        [f"`{r['transport']}`", r["mode"], str(r["requests"]), str(r["connections"])]
+        for r in sessions
+    ]
+    text = "\n".join(
+        [
+            "## Connection setup",
+            "",
+            "One round: *concurrency* clients each make one small infer request at once. *new*: "
+            "each request on a connection of its own (TCP, TLS, HTTP/2 preface or gRPC channel "
+            "setup), closed after; *reused*: on a connection opened before timing. *one-way "
+            "delay*: through the WAN-delay proxy. *saved*: 1 - reused / new. Median of 5 rounds.",
+            "",
+            _table(
+                [
+                    "transport",
+                    "concurrency",
+                    "security",
+                    "one-way delay",
+                    "new",
+                    "reused",
+                    "saved",
+                    "correct",
+                ],
+                rows,
+            ),
+            "",
+            "Connections (TCP handshakes) one user session of several requests opens:",
+            "",
+            _table(["transport", "mode", "requests", "connections"], session_rows),
+            "",
+        ]
+    )
+    return results, text
+
+
+def stages(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
+    results = _load(raw_dir / STAGES_RAW)
+    if not results:
+        return [], ""
+    stage_rows = []
+    for r in results:
+        if r["op"] != "stages":
+            continue
+        us = r["stages_us"]
+        stage_rows.append(
+            [f"`{r['transport']}`", f"`{r['codec']}`"]
+            + [f"{us[name]:,.1f} us" for name in (*STAGE_NAMES, "end_to_end")]
+            + [f"{(us['serialize'] + us['parse']) / us['end_to_end']:.0%}"]
+        )
+    wan = {(r["transport"], r["path"], r["pattern"]): r for r in results if r["op"] == "wan-share"}
+    wan_rows = []
+    for (transport, path, pattern), proxied in sorted(wan.items()):
+        if path != "proxied":
+            continue
+        direct = wan.get((transport, "direct", pattern))
+        if direct is None:
+            continue
+        share = 1 - direct["median_s"] / proxied["median_s"]
+        wan_rows.append(
+            [
+                f"`{transport}`",
+                pattern,
+                str(proxied["tokens"]),
+                _ms(direct["median_s"]),
+                _ms(proxied["median_s"]),
+                f"{share:.0%}",
+            ]
+        )
+    first = next((r for r in results if r["op"] == "stages"), {})
+    wan_first = next((r for r in results if r["op"] == "wan-share"), {})
+    text = "\n".join(
+        [
+            "## Per-stage time of a streamed token",
+            "",
+            f"One `{first.get('workload', '?')}` stream per transport x codec, the service paced "
+            f"at {first.get('decode_ms', '?')} ms per token so the reader keeps up. Medians per "
+            "chunk from the server's stamps and the client's (one host, one monotonic clock): "
+            "*serialize* (server encode), *write* (until the socket write returned), *network* "
+            "(written to bytes received, loopback and the reader's wake-up), *parse* (client "
+            "decode), *produced to decoded*. gRPC reports a message as written only when it "
+            "asks for the next one, so for gRPC read *write + network* together. On two hosts "
+            "the clocks differ: only the per-side stages (serialize, write, parse) carry over, "
+            "and the network share must come from the round-trip time instead.",
+            "",
+            "![stages](plots/stages.png)",
+            "",
+            _table(
+                [
+                    "transport",
+                    "codec",
+                    *STAGE_NAMES,
+                    "produced to decoded",
+                    "serialize + parse share",
+                ],
+                stage_rows,
+            ),
+            "",
+            "### What the network adds (WAN-delay proxy)",
+            "",
+            f"{wan_first.get('tokens', '?')} tokens at {wan_first.get('compute_ms_per_token', '?')}"
+            " ms of compute each, direct and through the proxy at "
+            f"{next((r['one_way_delay_ms'] for r in wan.values() if r['path'] == 'proxied'), '?')}"
+            " ms one way: as one stream, and as one request per token. *network share*: "
+            "1 - direct / proxied. Median of 3.",
+            "",
+            _table(
+                ["transport", "pattern", "tokens", "direct", "proxied", "network share"],
+                wan_rows,
+            ),
+            "",
+        ]
+    )
+    return results, text
+
+
+def plot_stages(raw_dir: Path, out_dir: Path) -> Path | None:
+    """A stacked bar per transport x codec of the per-chunk stages (PNG)."""
+    results = [r for r in _load(raw_dir / STAGES_RAW) if r["op"] == "stages"]
+    if not results:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['transport']}\n{r['codec']}" for r in results]
+    fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.8), 4))
+    bottom = [0.0] * len(results)
+    for name in STAGE_NAMES:
+        values = [max(0.0, r["stages_us"][name]) for r in results]
+        ax.bar(labels, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_ylabel("microseconds per chunk (median)")
+    ax.set_title("Where a streamed token's time goes")
+    ax.legend()
+    ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    plots = out_dir / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    path = plots / "stages.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
