@@ -51,6 +51,10 @@ def pytest_configure(config: pytest.Config) -> None:
     option = config.option
     if hasattr(option, "benchmark_disable_gc"):
         option.benchmark_disable_gc = True
+    # every timed run is saved under .benchmarks/, so `pytest bench/ --benchmark-compare`
+    # compares with the previous run out of the box
+    if hasattr(option, "benchmark_autosave") and not getattr(option, "benchmark_disable", False):
+        option.benchmark_autosave = True
 
 
 @pytest.fixture(autouse=True, scope="session")
