@@ -1,0 +1,328 @@
+"""inferwire's HTTP servers beside what users deploy instead, on one core each.
+
+Servers: inferwire ``http1`` and uvicorn + Starlette (HTTP/1.1, httptools), inferwire ``http2``
+and Hypercorn + Starlette (HTTP/2 cleartext, prior knowledge); the peers are
+:mod:`inferwire.bench.peers`, serving the same service with the same codec, so the bytes of
+every stream are the same. Our client (the same for both sides of a pair) drives each.
+
+Method:
+
+* the server process is pinned to one core (every thread), the benchmark process's client to
+  the other, so the server has a core that nothing this benchmark starts competes for
+  (other processes on the machine still may: ``load_average_1m`` records how busy it was);
+* ``CONCURRENCY`` streams of ``stream-256`` at a time, no pacing (prefill and decode zero),
+  until ``STREAMS`` streams have ended; a round is that many streams on a new client (so new
+  connections: one per concurrent stream for HTTP/1.1, one for HTTP/2, each carrying a few
+  MB), after one warm-up round. A client kept across rounds would meet Hypercorn's
+  ``keep_alive_max_requests`` (1,000 streams per connection, then GOAWAY), which is not what
+  is compared here;
+* tokens per second is tokens over the rounds' wall time; tokens per server CPU-second divides
+  by the server process's user + system CPU time over the same rounds (psutil), which is the
+  issue's "tokens per second per core" and does not depend on whether the client could keep
+  the server busy (``server_cpu_utilization`` says whether it did);
+* per-token latency is the gap between successive chunks of a stream at the client (one token
+  per chunk in this workload), P50 and P99 over every gap of every stream. With no pacing the
+  server is ahead of the wire: chunks decoded from one read arrive together, microseconds
+  apart, and the gaps between reads are rarer than 1 in 100, so P50 and P99 mostly time the
+  client's own loop; P99.9, the largest gap and the mean time per output token (a stream's
+  last arrival minus its first over its gaps, vLLM's TPOT) show the waits between reads;
+* every stream is compared with the service's chunks after its round (untimed); a wrong one
+  fails the benchmark;
+* the client's GC is collected before each round and off during it; the servers run as
+  deployed, GC on.
+
+Each peer's benchmark then runs ``PAIRS`` pairs of rounds, its own and its inferwire
+counterpart's back to back in alternating order, and records the median ratio ours / peer of
+each figure: pairs cancel most of the drift of a shared machine that separate benchmarks,
+seconds apart, would carry into the ratio. The target is 1.5x tokens per server CPU-second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Final
+
+import numpy as np
+import psutil  # type: ignore[import-untyped, unused-ignore]
+import pytest
+
+import inferwire.codecs as ic
+import inferwire.transports as it
+from inferwire.bench import peers, servers
+from inferwire.bench.serving import workload_source
+
+CODEC: Final = "orjson"
+WORKLOAD: Final = "stream-256"
+CONCURRENCY: Final = 16
+STREAMS: Final = 128
+"""Streams per round: 32,768 tokens, half a second to two for inferwire's servers on this
+(2-core, shared) machine; enough server CPU time that psutil's 10 ms ticks are noise."""
+ROUNDS: Final = 3
+PAIRS: Final = 5
+"""Alternating pairs of rounds (ours, peer) behind each ratio; its median is recorded."""
+TARGET_RATIO: Final = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class _Server:
+    stack: str
+    transport: str
+    """Our client's transport for it: ``http1`` or ``http2``."""
+    start: Callable[[], servers.ServerProcess]
+    baseline: str | None = None
+
+
+SERVERS: Final = {
+    "inferwire-http1": _Server("inferwire", "http1", lambda: servers.serve("http1", CODEC)),
+    "uvicorn": _Server(
+        "uvicorn+starlette", "http1", lambda: peers.peer("uvicorn", CODEC), "inferwire-http1"
+    ),
+    "inferwire-http2": _Server("inferwire", "http2", lambda: servers.serve("http2", CODEC)),
+    "hypercorn": _Server(
+        "hypercorn+starlette",
+        "http2",
+        lambda: peers.peer("hypercorn", CODEC, "--http2"),
+        "inferwire-http2",
+    ),
+}
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What the rounds against one server add up to."""
+
+    streams: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    server_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    gaps_ns: list[np.ndarray[Any, Any]] = field(default_factory=list)
+    tpot_ns: list[float] = field(default_factory=list)
+    correct: bool = True
+    unchecked: list[list[ic.TokenChunk]] = field(default_factory=list)
+
+    def check(self, expected: list[ic.TokenChunk]) -> None:
+        self.correct &= all(chunks == expected for chunks in self.unchecked)
+        self.unchecked = []
+
+    def figures(self) -> dict[str, Any]:
+        gaps_us = np.concatenate(self.gaps_ns) / 1e3 if self.gaps_ns else np.zeros(1)
+        p50, p99, p999 = np.percentile(gaps_us, [50, 99, 99.9])
+        return {
+            "streams": self.streams,
+            "tokens": self.tokens,
+            "wall_s": self.wall_s,
+            "server_cpu_s": self.server_cpu_s,
+            "client_cpu_s": self.client_cpu_s,
+            "tokens_per_s": self.tokens / self.wall_s,
+            # a tick-sized guard: only a --benchmark-disable run is that short
+            "tokens_per_server_cpu_s": self.tokens / max(self.server_cpu_s, 0.01),
+            "server_cpu_utilization": self.server_cpu_s / self.wall_s,
+            "client_cpu_utilization": self.client_cpu_s / self.wall_s,
+            "itl_p50_us": float(p50),
+            "itl_p99_us": float(p99),
+            "itl_p999_us": float(p999),
+            "itl_max_us": float(gaps_us.max()),
+            "itl_samples": int(gaps_us.size),
+            "tpot_mean_us": float(np.mean(self.tpot_ns)) / 1e3 if self.tpot_ns else 0.0,
+            "correct": self.correct,
+        }
+
+
+class _Env:
+    """One event loop in a pinned benchmark process; one pinned server process per name."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.processes: dict[str, servers.ServerProcess] = {}
+        self.request = it.GenerateRequest(workload=WORKLOAD)
+        self.expected = list(it.SimulatedService(workload_source).chunks(self.request))
+        self.own_affinity = os.sched_getaffinity(0)
+        cores = sorted(self.own_affinity)
+        self.pinned = len(cores) >= 2
+        self.server_core, self.client_core = (cores[0], cores[-1]) if self.pinned else (-1, -1)
+        if self.pinned:
+            os.sched_setaffinity(0, {self.client_core})  # this thread: it runs the loop
+
+    def server(self, name: str) -> tuple[str, psutil.Process]:
+        """The address and process of ``name``'s server, started and pinned on first use."""
+        if name not in self.processes:
+            process = SERVERS[name].start().start()
+            self.processes[name] = process
+            assert process.process is not None
+            if self.pinned:
+                _pin(process.process.pid, self.server_core)
+        popen = self.processes[name].process
+        assert popen is not None
+        return self.processes[name].address, psutil.Process(popen.pid)
+
+    def round(self, name: str, streams: int, concurrency: int, tally: _Tally) -> None:
+        address, server = self.server(name)
+        client = it.connect(SERVERS[name].transport, address, codec=CODEC)
+        gc.collect()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            server_before = server.cpu_times()
+            client_before = time.process_time()
+            start = time.perf_counter()
+            results = self.loop.run_until_complete(
+                _drive(client, self.request, streams, concurrency)
+            )
+            tally.wall_s += time.perf_counter() - start
+            tally.client_cpu_s += time.process_time() - client_before
+            server_after = server.cpu_times()
+        finally:
+            self.loop.run_until_complete(client.close())
+            if collecting:
+                gc.enable()
+        tally.server_cpu_s += (server_after.user - server_before.user) + (
+            server_after.system - server_before.system
+        )
+        for chunks, arrivals_ns in results:
+            tally.streams += 1
+            tally.tokens += sum(len(c.token_ids) for c in chunks)
+            tally.gaps_ns.append(np.diff(np.asarray(arrivals_ns, dtype=np.int64)))
+            if len(arrivals_ns) > 1:
+                tally.tpot_ns.append((arrivals_ns[-1] - arrivals_ns[0]) / (len(arrivals_ns) - 1))
+            tally.unchecked.append(chunks)
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
+        for process in self.processes.values():
+            process.stop()
+        os.sched_setaffinity(0, self.own_affinity)
+
+
+def _pin(pid: int, core: int) -> None:
+    """Every thread of ``pid`` to ``core`` (``sched_setaffinity`` of a pid is one thread);
+    threads made later inherit it from their maker."""
+    for thread in psutil.Process(pid).threads():
+        os.sched_setaffinity(thread.id, {core})
+
+
+async def _drive(
+    client: it.Client, request: it.GenerateRequest, streams: int, concurrency: int
+) -> list[tuple[list[ic.TokenChunk], list[int]]]:
+    """``streams`` streams, ``concurrency`` at a time; each stream's chunks and their arrival
+    times (ns)."""
+    results: list[tuple[list[ic.TokenChunk], list[int]]] = []
+    remaining = streams
+
+    async def worker() -> None:
+        nonlocal remaining
+        clock = time.perf_counter_ns
+        while remaining > 0:
+            remaining -= 1
+            chunks: list[ic.TokenChunk] = []
+            arrivals: list[int] = []
+            async for chunk in client.generate(request):
+                arrivals.append(clock())
+                chunks.append(chunk)
+            results.append((chunks, arrivals))
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, streams))))
+    return results
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[_Env]:
+    environment = _Env()
+    yield environment
+    environment.close()
+
+
+def _measure(
+    env: _Env, name: str, streams: int, concurrency: int, rounds: int, timed: Any
+) -> _Tally:
+    """Warm up, then ``rounds`` rounds timed by pytest-benchmark."""
+    env.round(name, concurrency, concurrency, _Tally())  # connections, caches, first paths
+    tally = _Tally()
+
+    def setup() -> None:
+        tally.check(env.expected)  # the previous round's streams, outside the timing
+
+    timed.pedantic(
+        env.round, (name, streams, concurrency, tally), setup=setup, rounds=rounds, iterations=1
+    )
+    tally.check(env.expected)
+    return tally
+
+
+def _paired(
+    env: _Env, ours: str, peer: str, streams: int, concurrency: int, pairs: int
+) -> tuple[list[float], list[float], bool]:
+    """Ours / peer, tokens per server CPU-second and tokens per second, from ``pairs`` pairs
+    of rounds run back to back in alternating order: drift in this machine's load (it may be
+    shared) hits both sides of a pair alike."""
+    per_cpu, per_s = [], []
+    correct = True
+    for i in range(pairs):
+        tallies = {ours: _Tally(), peer: _Tally()}
+        for name in (ours, peer) if i % 2 == 0 else (peer, ours):
+            env.round(name, streams, concurrency, tallies[name])
+            tallies[name].check(env.expected)
+            correct &= tallies[name].correct
+        mine, theirs = tallies[ours].figures(), tallies[peer].figures()
+        per_cpu.append(mine["tokens_per_server_cpu_s"] / theirs["tokens_per_server_cpu_s"])
+        per_s.append(mine["tokens_per_s"] / theirs["tokens_per_s"])
+    return per_cpu, per_s, correct
+
+
+def _versions() -> dict[str, str]:
+    names = ("inferwire", "uvicorn", "starlette", "hypercorn", "httptools", "h2", "orjson")
+    return {name: metadata.version(name) for name in names}
+
+
+@pytest.mark.parametrize("name", list(SERVERS))
+def bench_peer(benchmark: Any, env: _Env, name: str) -> None:
+    """``STREAMS`` ``stream-256`` streams, ``CONCURRENCY`` at a time, per round; for a peer,
+    then ``PAIRS`` alternating pairs of rounds with its inferwire counterpart."""
+    server = SERVERS[name]
+    benchmark.group = peers.GROUP
+    disabled = benchmark.disabled
+    streams, concurrency, rounds = (2, 2, 1) if disabled else (STREAMS, CONCURRENCY, ROUNDS)
+    load_average_1m = os.getloadavg()[0]  # this machine may be shared: say how busy it was
+    figures = _measure(env, name, streams, concurrency, rounds, benchmark).figures()
+    benchmark.extra_info.update(
+        server=name,
+        stack=server.stack,
+        protocol="HTTP/1.1" if server.transport == "http1" else "HTTP/2 (h2c)",
+        client=f"inferwire {server.transport}",
+        codec=CODEC,
+        workload=WORKLOAD,
+        concurrency=concurrency,
+        rounds=rounds,
+        pinned=env.pinned,
+        server_core=env.server_core,
+        client_core=env.client_core,
+        load_average_1m=load_average_1m,
+        versions=_versions(),
+        **figures,
+    )
+    assert figures["correct"], f"{name}: a stream differs from the service's"
+    if server.baseline is None:
+        return
+    pairs = 1 if disabled else PAIRS
+    env.round(server.baseline, concurrency, concurrency, _Tally())  # warm, if it was not run
+    per_cpu, per_s, correct = _paired(env, server.baseline, name, streams, concurrency, pairs)
+    ratio = statistics.median(per_cpu)
+    benchmark.extra_info.update(
+        baseline=server.baseline,
+        pairs=pairs,
+        ratio_tokens_per_server_cpu_s=ratio,
+        ratio_tokens_per_s=statistics.median(per_s),
+        ratio_pairs_tokens_per_server_cpu_s=per_cpu,
+        target_ratio=TARGET_RATIO,
+        meets_target=ratio >= TARGET_RATIO,
+        correct=figures["correct"] and correct,
+    )
+    assert correct, f"{name} or {server.baseline}: a stream differs from the service's"

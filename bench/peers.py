@@ -1,0 +1,286 @@
+"""The servers users deploy instead of ours, serving the same work, for the peers comparison.
+
+A Starlette app answers ``POST /v1/chat/completions`` (``"stream": true``) with a
+``StreamingResponse`` of the same :class:`~inferwire.transports.SimulatedService` and the same
+codec stream encoder as inferwire's HTTP servers, so the body on the wire is byte for byte
+theirs (SSE events ending with ``data: [DONE]`` for the JSON codecs). The request is parsed and
+checked as :class:`~inferwire.transports.httpapp.HttpApp` does (orjson, the same validation),
+so the two sides do the same work; only the HTTP stack differs. It runs under
+
+* uvicorn: HTTP/1.1 parsed by httptools, asyncio loop, one worker, no access log (the usual
+  production settings short of uvloop, which our servers do not use either);
+* Hypercorn: HTTP/2 in cleartext with prior knowledge (h2c). Hypercorn reads the connection
+  preface ``PRI * HTTP/2.0`` on its HTTP/1.1 port and switches to h2, so no TLS is needed.
+
+Response headers are the stacks' own defaults (``date``, ``server``, Starlette's
+``; charset=utf-8`` on ``text/*``): what a user of them sends.
+
+    python -m inferwire.bench.peers --server uvicorn --codec orjson --port 0
+    python -m inferwire.bench.peers --server hypercorn --codec orjson --port 0 --http2
+
+print ``listening on HOST:PORT`` first, like ``inferwire serve``, and stop on SIGTERM or SIGINT.
+:func:`peer` is the :class:`~inferwire.bench.servers.ServerProcess` for one, and :func:`rows`
+reads the results of ``bench/bench_peers.py`` back for the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import orjson
+
+import inferwire.codecs as ic
+import inferwire.transports as it
+from inferwire.transports.common import error_body
+
+from . import servers
+from .serving import workload_source
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+PEERS: Final = ("uvicorn", "hypercorn")
+GROUP: Final = "peers"
+"""The ``benchmark.group`` of bench_peers.py's results."""
+_BACKLOG: Final = 1024
+"""Backlog of the socket we bind, until the server takes it over and listens with its own:
+a client that connects as soon as the address is printed waits here, not refused."""
+_MISSING: Final = "the peer servers need the bench extra: pip install 'inferwire[bench]'"
+
+
+def make_app(service: it.SimulatedService, codec: ic.Codec) -> Starlette:
+    """The Starlette app: the token stream route of :class:`HttpApp`, nothing else."""
+    try:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response, StreamingResponse
+        from starlette.routing import Route
+    except ImportError as exc:
+        raise ImportError(_MISSING) from exc
+    if ic.TokenChunk not in codec.types:
+        raise ValueError(f"codec {codec.name!r} does not carry token streams")
+
+    async def chat_completions(request: Request) -> Response:
+        try:
+            obj = orjson.loads(await request.body())
+            generate = it.GenerateRequest.from_json_obj(obj)
+            if isinstance(obj, dict) and obj.get("stream") is False:
+                raise it.BadRequestError("only streaming completions are served: set stream")
+            service.chunks(generate)  # refuse a bad request before the stream starts
+        except (orjson.JSONDecodeError, it.BadRequestError) as exc:
+            return Response(error_body(400, str(exc)), 400, media_type="application/json")
+        return StreamingResponse(
+            _frames(service, codec, generate),
+            media_type=codec.stream_media_type,
+            headers={"cache-control": "no-cache"},
+        )
+
+    routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+    return Starlette(routes=routes)
+
+
+async def _frames(
+    service: it.SimulatedService, codec: ic.Codec, request: it.GenerateRequest
+) -> AsyncIterator[bytes]:
+    """As ``HttpApp._frames`` without server timing: one codec frame per chunk, then the end."""
+    encoder = codec.stream_encoder()
+    async with contextlib.aclosing(service.generate(request)) as chunks:
+        async for chunk in chunks:
+            yield encoder.encode(chunk)
+    yield encoder.end()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket: bound here so that port 0 can be announced before serving."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(_BACKLOG)
+    return sock
+
+
+def _announce(sock: socket.socket) -> None:
+    host, port = sock.getsockname()[:2]
+    authority = f"[{host}]" if ":" in host else host
+    print(f"listening on {authority}:{port}", flush=True)
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def _until(stop: asyncio.Event, serving: asyncio.Task[None]) -> None:
+    """Wait for a signal, or for the server to end by itself (it failed: re-raised)."""
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({stopping, serving}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if serving.done():
+        serving.result()
+
+
+async def _serve_uvicorn(app: Starlette, sock: socket.socket) -> None:
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise ImportError(_MISSING) from exc
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # the signals are ours (_stop_on_signals): uvicorn's own handling would re-raise
+            # SIGTERM after shutting down, and the process would end by it, not with status 0
+            yield
+
+    config = uvicorn.Config(
+        app,
+        http="httptools",
+        loop="asyncio",
+        workers=1,
+        access_log=False,
+        log_level="warning",
+    )
+    server = Server(config)
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    _announce(sock)
+    try:
+        await _until(stop, serving)
+    finally:
+        server.should_exit = True
+        await serving
+
+
+async def _serve_hypercorn(app: Starlette, sock: socket.socket) -> None:
+    try:
+        from hypercorn.asyncio import serve
+        from hypercorn.config import Config
+    except ImportError as exc:
+        raise ImportError(_MISSING) from exc
+    config = Config()
+    config.loglevel = "WARNING"
+    config.accesslog = None
+    config.workers = 1
+    stop = asyncio.Event()
+    _stop_on_signals(stop)
+    _announce(sock)
+    # Hypercorn binds from strings; "fd://N" adopts our socket (it takes over the descriptor)
+    config.bind = [f"fd://{sock.detach()}"]
+    await serve(app, config, shutdown_trigger=stop.wait, mode="asgi")  # type: ignore[arg-type]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m inferwire.bench.peers", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--server", required=True, choices=PEERS)
+    parser.add_argument("--codec", default="orjson", choices=ic.names())
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
+    parser.add_argument(
+        "--http2",
+        action="store_true",
+        help="HTTP/2 (h2c, prior knowledge): Hypercorn only. Hypercorn serves HTTP/1.1 and "
+        "h2c on the same port either way; this states which the client will speak",
+    )
+    parser.add_argument("--prefill-ms", type=float, default=0.0, help="time to first token")
+    parser.add_argument("--decode-ms", type=float, default=0.0, help="time per output token")
+    args = parser.parse_args(argv)
+    if args.http2 and args.server != "hypercorn":
+        parser.error("--http2: only hypercorn (uvicorn's HTTP/2 needs zttp, not installed here)")
+    service = it.SimulatedService(
+        workload_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
+    )
+    app = make_app(service, ic.get(args.codec))
+    sock = _listen(args.host, args.port)
+    serve = _serve_hypercorn if args.server == "hypercorn" else _serve_uvicorn
+    asyncio.run(serve(app, sock))
+    return 0
+
+
+def peer(server: str, codec: str = "orjson", *options: str) -> servers.ServerProcess:
+    """A peer server (not started; use ``with``), as ``servers.serve`` is one of ours."""
+    if server not in PEERS:
+        raise ValueError(f"unknown peer {server!r}; choose from {', '.join(PEERS)}")
+    process = servers.ServerProcess()
+    process.args = [
+        sys.executable,
+        "-m",
+        "inferwire.bench.peers",
+        "--server",
+        server,
+        "--codec",
+        codec,
+        *options,
+    ]
+    return process
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Row:
+    """One server of the peers table; see bench_peers.py for how each figure is measured."""
+
+    server: str
+    stack: str
+    protocol: str
+    tokens_per_s: float
+    tokens_per_server_cpu_s: float
+    itl_p50_us: float
+    itl_p99_us: float
+    itl_p999_us: float
+    tpot_mean_us: float
+    server_cpu_utilization: float
+    client_cpu_utilization: float
+    correct: bool
+    baseline: str | None = None
+    """For a peer: the inferwire server it is compared with."""
+    ratio_tokens_per_server_cpu_s: float | None = None
+    """Baseline / this server, tokens per server CPU-second (the 1.5x target)."""
+    ratio_tokens_per_s: float | None = None
+
+
+def rows(results_json_path: str | Path) -> list[Row]:
+    """The peers table from a pytest-benchmark JSON file of bench_peers.py (other benchmarks
+    in the file are skipped), in the order they ran."""
+    raw: dict[str, Any] = json.loads(Path(results_json_path).read_text())
+    table = []
+    for bench in raw.get("benchmarks", []):
+        if bench.get("group") != GROUP:
+            continue
+        info = bench["extra_info"]
+        table.append(
+            Row(
+                server=info["server"],
+                stack=info["stack"],
+                protocol=info["protocol"],
+                tokens_per_s=info["tokens_per_s"],
+                tokens_per_server_cpu_s=info["tokens_per_server_cpu_s"],
+                itl_p50_us=info["itl_p50_us"],
+                itl_p99_us=info["itl_p99_us"],
+                itl_p999_us=info["itl_p999_us"],
+                tpot_mean_us=info["tpot_mean_us"],
+                server_cpu_utilization=info["server_cpu_utilization"],
+                client_cpu_utilization=info["client_cpu_utilization"],
+                correct=info["correct"],
+                baseline=info.get("baseline"),
+                ratio_tokens_per_server_cpu_s=info.get("ratio_tokens_per_server_cpu_s"),
+                ratio_tokens_per_s=info.get("ratio_tokens_per_s"),
+            )
+        )
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main())
