@@ -4,6 +4,7 @@ inferwire bench [--out results] [--quick]   run the benchmark matrix, write resu
 inferwire report [--out results]            rebuild results/README.md from results/raw/
 inferwire serve --transport T --codec C     one transport's server (prints its address)
 inferwire proxy --upstream H:P --delay-ms X the WAN-delay proxy
+inferwire load --transport T --spawn ...    the open-loop load generator (see bench/load.py)
 """
 
 from __future__ import annotations

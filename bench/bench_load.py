@@ -1,0 +1,116 @@
+"""The load generator's own capacity, and one small load run against a real server.
+
+Capacity: the generator drives a null target (a "request" that yields one token at once, no
+I/O), so everything measured is its own work: drawing the schedule, waking on time, starting
+the request, recording its latencies. A rate is sustained when every request completes and
+the P99 of the send lag (intended to actual start) stays under 1 ms; the target is 5,000
+requests/s. The generator is one asyncio loop in one thread, so it uses at most one core;
+``client_cpu_share`` in ``extra_info`` says how much of it. The timed value of these
+benchmarks is the run's wall time, fixed by the schedule: read ``extra_info``.
+
+Under ``--benchmark-disable`` every run is cut to a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import pytest
+
+import inferwire.codecs as ic
+import inferwire.transports as it
+from inferwire.bench import metrics, openloop, servers
+
+CAPACITY_RATES: Final = (5_000.0, 10_000.0, 20_000.0)
+CAPACITY_S: Final = 3.0
+DISABLED_S: Final = 0.3
+LAG_TARGET_MS: Final = 1.0
+_TOKEN: Final = ic.TokenChunk(
+    id="null", model="null", created=0, index=0, seq=0, token_ids=(1,), text="x"
+)
+
+
+class NullTarget:
+    """A stream of one chunk, produced without I/O or awaiting anything."""
+
+    async def generate(self, request: it.GenerateRequest, /) -> AsyncIterator[ic.TokenChunk]:
+        yield _TOKEN
+
+    async def close(self) -> None:
+        pass
+
+
+def _run(target: openloop.Target, spec: openloop.LoadSpec, **point: Any) -> dict[str, Any]:
+    with asyncio.Runner(loop_factory=openloop.event_loop_factory(precise=True)) as runner:
+        return runner.run(openloop.run_point(target, spec, **point))
+
+
+@pytest.mark.parametrize("concurrency", [None, 64], ids=["uncapped", "cap64"])
+@pytest.mark.parametrize("rate", CAPACITY_RATES, ids=lambda r: f"{r:g}rps")
+def bench_generator_capacity(benchmark: Any, rate: float, concurrency: int | None) -> None:
+    spec = openloop.LoadSpec(duration_s=DISABLED_S if benchmark.disabled else CAPACITY_S, seed=1)
+    benchmark.group = "load generator capacity"
+    point = benchmark.pedantic(
+        _run,
+        args=(NullTarget(), spec),
+        kwargs={"rate_rps": rate, "concurrency": concurrency},
+        rounds=1,
+        iterations=1,
+    )
+    lag = point["send_lag"]
+    sustained = (
+        point["requests_completed"] == point["requests_scheduled"] and lag["p99_ms"] < LAG_TARGET_MS
+    )
+    benchmark.extra_info.update(
+        target="null",
+        rate_rps=rate,
+        concurrency=concurrency,
+        requests=point["requests_scheduled"],
+        achieved_rps=point["request_throughput_rps"],
+        offered_rps=point["offered_rate_rps"],
+        send_lag_ms={k: lag[k] for k in ("p50_ms", "p90_ms", "p99_ms", "p99_9_ms", "max_ms")},
+        client_cpu_share=point["client_cpu_s"] / point["duration_s"],
+        client_cpu_us_per_request=point["client_cpu_s"] / point["requests_scheduled"] * 1e6,
+        sustained=sustained,
+        event_loop="select",
+        load_average=metrics.machine()["load_average"],  # other work on the cores skews lag
+        correct=point["requests_failed"] == 0,
+    )
+    assert point["requests_failed"] == 0, point["errors"]
+
+
+def bench_load_tcp(benchmark: Any) -> None:
+    """A short open-loop run against ``inferwire serve --transport tcp`` (no pacing): the whole
+    JSON summary of the point lands in ``extra_info``."""
+    spec = openloop.LoadSpec(
+        workload="stream-256", duration_s=0.5 if benchmark.disabled else 3.0, seed=1
+    )
+    benchmark.group = "load end to end"
+    with servers.serve("tcp", "orjson") as server:
+        assert server.process is not None
+        pid = server.process.pid
+
+        async def go() -> dict[str, Any]:
+            target = openloop.open_target("tcp", server.address, "orjson")
+            try:
+                await openloop.warm_up(target, spec.request(), 8)
+                return await openloop.run_point(target, spec, rate_rps=100.0, server_pid=pid)
+            finally:
+                await target.close()
+
+        def run() -> dict[str, Any]:
+            factory = openloop.event_loop_factory(precise=openloop.select_is_safe("tcp", [None]))
+            with asyncio.Runner(loop_factory=factory) as runner:
+                return runner.run(go())
+
+        point = benchmark.pedantic(run, rounds=1, iterations=1)
+    benchmark.extra_info.update(
+        transport="tcp",
+        codec="orjson",
+        workload=spec.workload,
+        versions=metrics.versions(),
+        **point,
+    )
+    assert point["requests_failed"] == 0, point["errors"]

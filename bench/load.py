@@ -1,0 +1,269 @@
+"""``inferwire load``: an open-loop load generator for one server's token streams.
+
+Requests arrive on a schedule drawn before the run from a seeded arrival process, whatever the
+server does: a Poisson process at ``--rate`` requests/s, or gamma-distributed gaps of the same
+mean whose shape is ``--burstiness`` (1 is Poisson; below 1 burstier, above 1 more regular; as
+in vLLM's serving benchmark). ``--concurrency N`` caps the requests in flight: a request due
+while N are running waits for a slot, and that wait counts in its latency. Every latency is
+measured from the request's **intended** send time, not from when it was actually sent, so a
+server that stalls shows the stall in the percentiles of every request that was due during it
+(no coordinated omission, after Gil Tene's "How NOT to Measure Latency" and wrk2).
+
+Metrics, per sweep point (vLLM's ``benchmarks/benchmark_serving.py`` definitions where it has
+one; its latencies start at the actual send, ours at the intended one, which agree whenever
+the generator keeps up and the cap is not reached)::
+
+    TTFT            time to first token: intended send time to the arrival of the first chunk
+                    that carries a token ("arrival": decoded and handed to the caller)
+    TPOT            time per output token after the first: (E2E - TTFT) / (output tokens - 1),
+                    one value per request of two tokens or more
+    ITL per chunk   inter-token latency as vLLM records it: the time between successive
+                    token-carrying chunks of a stream
+    ITL per token   the same gaps spread over the tokens that arrived: a chunk of n tokens
+                    after a gap g counts n times as g / n (the first chunk's tokens have none)
+    E2E             end-to-end latency: intended send time to the stream's end marker
+    duration        first request's intended send time to the last request's end
+    request throughput        completed requests / duration
+    output token throughput   output tokens of completed requests / duration
+    goodput         completed requests that met every SLO given (--slo-ttft-ms,
+                    --slo-tpot-ms, --slo-e2e-ms) / duration
+    errors          failed requests by exception class (TransportError's subclasses by name,
+                    anything else by qualified name); "Unfinished" is a request still running
+                    when the drain timeout ran out. A failed request is in no latency.
+    send lag        the generator's own lateness: from intended send time to when it started
+                    the request (uncapped) or queued it for a slot (capped)
+    queue wait      intended send time to the moment the request had a slot and was sent
+    CPU             user + system seconds of this process (client) and of the server process
+                    (with --spawn, or --server-pid), over the point, per 1,000 output tokens
+
+Latencies are kept in HDR histograms (microseconds, 3 significant digits) and reported as
+P50/P90/P99/P99.9, mean and max in milliseconds. Output is a summary line per point on stdout
+and, with ``--out``, a JSON file with every metric, the run's parameters, library versions and
+the machine.
+
+One asyncio event loop drives everything. The selector it waits on sets how precisely a request
+leaves on time: ``select`` takes microsecond timeouts, epoll milliseconds (rounded up), so the
+generator uses ``select`` whenever its sockets are sure to stay below select's 1,024
+descriptors, and epoll otherwise (the JSON says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import inferwire.codecs as ic
+import inferwire.transports as it
+
+from . import metrics, servers
+from .metrics import Slo
+from .openloop import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_DURATION_S,
+    LoadSpec,
+    event_loop_factory,
+    finite_or_text,
+    open_target,
+    run_point,
+    select_is_safe,
+    warm_up,
+)
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of rates: {text!r}") from None
+    if not rates or not all(r > 0 for r in rates):
+        raise argparse.ArgumentTypeError("rates must be positive (inf: all at once)")
+    return rates
+
+
+def _caps(text: str) -> list[int]:
+    try:
+        caps = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not caps or not all(c >= 1 for c in caps):
+        raise argparse.ArgumentTypeError("concurrency caps must be at least 1")
+    return caps
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace) -> Iterator[tuple[str, int | None]]:
+    """The address and, when known, the pid of the server to load."""
+    if not args.spawn:
+        yield args.address, args.server_pid
+        return
+    pacing = ["--prefill-ms", str(args.prefill_ms), "--decode-ms", str(args.decode_ms)]
+    with servers.serve(args.transport, args.codec, *pacing) as server:
+        assert server.process is not None
+        yield server.address, server.process.pid
+
+
+async def _sweep(
+    args: argparse.Namespace, spec: LoadSpec, address: str, pid: int | None
+) -> list[dict[str, Any]]:
+    target = open_target(args.transport, address, args.codec)
+    points = []
+    try:
+        try:
+            await warm_up(target, spec.request(), args.warmup)
+        except it.TransportError as exc:
+            raise SystemExit(f"inferwire load: the warm-up failed: {exc}") from exc
+        # what exists now is never garbage: keep the collector's passes short during the run
+        gc.collect()
+        gc.freeze()
+        for rate in args.rate:
+            for cap in args.concurrency:
+                point = await run_point(
+                    target,
+                    spec,
+                    rate_rps=rate,
+                    concurrency=cap,
+                    server_pid=pid,
+                    progress=not args.quiet and sys.stderr.isatty(),
+                )
+                print(summary_line(point), flush=True)
+                points.append(point)
+    finally:
+        gc.unfreeze()
+        await target.close()
+    return points
+
+
+def summary_line(point: dict[str, Any]) -> str:
+    def ms(metric: str, percentile: str) -> str:
+        value = point[metric][f"{percentile}_ms"]
+        return "-" if value is None else f"{value:.2f}"
+
+    rate = point["rate_rps"]
+    parts = [
+        f"rate {rate:g}/s" if isinstance(rate, float) else f"rate {rate}/s",
+        f"cap {point['concurrency'] or '-'}:",
+        f"{point['requests_completed']}/{point['requests_scheduled']} ok",
+        "(" + (", ".join(f"{n} {k}" for k, n in point["errors"].items()) or "no errors") + ");",
+        f"TTFT p50 {ms('ttft', 'p50')} p99 {ms('ttft', 'p99')} ms;",
+        f"TPOT p50 {ms('tpot', 'p50')} p99 {ms('tpot', 'p99')} ms;",
+        f"E2E p50 {ms('e2e', 'p50')} p99 {ms('e2e', 'p99')} ms;",
+        f"{point['request_throughput_rps']:.1f} req/s,",
+        f"{point['output_token_throughput_tps']:.0f} tok/s,",
+    ]
+    if point["goodput_rps"] is not None:
+        parts.append(f"goodput {point['goodput_rps']:.1f} req/s,")
+    parts.append(f"send lag p99 {ms('send_lag', 'p99')} ms")
+    return " ".join(parts)
+
+
+def _load(args: argparse.Namespace) -> int:
+    if args.spawn == bool(args.address):
+        raise SystemExit("inferwire load: give either --address HOST:PORT or --spawn")
+    if not args.spawn and (args.prefill_ms or args.decode_ms):
+        raise SystemExit("inferwire load: --prefill-ms/--decode-ms set a --spawn'ed server")
+    if args.duration is None and args.requests is None:
+        args.duration = DEFAULT_DURATION_S
+    spec = LoadSpec(
+        workload=args.workload,
+        max_tokens=args.max_tokens,
+        arrival=args.arrival,
+        burstiness=args.burstiness,
+        duration_s=args.duration,
+        requests=args.requests,
+        seed=args.seed,
+        slo=Slo(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms, e2e_ms=args.slo_e2e_ms),
+        drain_timeout_s=args.drain_timeout,
+    )
+    for rate in args.rate:  # a bad combination fails now, not after the first points
+        try:
+            spec.offsets_ns(rate)
+        except ValueError as exc:
+            raise SystemExit(f"inferwire load: {exc}") from None
+    precise = select_is_safe(args.transport, args.concurrency)
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    with (
+        _server(args) as (address, pid),
+        asyncio.Runner(loop_factory=event_loop_factory(precise)) as runner,
+    ):
+        points = runner.run(_sweep(args, spec, address, pid))
+    if args.out is not None:
+        parameters = {
+            "transport": args.transport,
+            "codec": args.codec,
+            "address": None if args.spawn else args.address,
+            "spawned": args.spawn,
+            "prefill_ms": args.prefill_ms,
+            "decode_ms": args.decode_ms,
+            "rates_rps": [finite_or_text(rate) for rate in args.rate],
+            "concurrencies": args.concurrency,
+            "warmup_requests": args.warmup,
+            "event_loop": "select" if precise else "epoll",
+            **{k: v for k, v in asdict(spec).items() if k != "slo"},
+            "slo": asdict(spec.slo),
+        }
+        report = {
+            "kind": "inferwire-load",
+            "started": started,
+            "parameters": parameters,
+            "versions": metrics.versions(),
+            "machine": metrics.machine(),
+            "points": points,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+        print(f"wrote {args.out}")
+    failed = sum(p["requests_failed"] for p in points)
+    return 1 if failed and all(p["requests_completed"] == 0 for p in points) else 0
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    load = commands.add_parser(
+        "load",
+        help="open-loop load against one server: TTFT, TPOT, ITL, E2E percentiles",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    load.add_argument("--transport", required=True, choices=it.TRANSPORTS)
+    load.add_argument("--codec", default="orjson", choices=ic.names())
+    where = load.add_mutually_exclusive_group()
+    where.add_argument("--address", help="HOST:PORT of a running server")
+    where.add_argument("--spawn", action="store_true", help="start `inferwire serve` for the run")
+    load.add_argument("--server-pid", type=int, help="with --address: the server's pid, for CPU")
+    load.add_argument("--prefill-ms", type=float, default=0.0, help="--spawn: time to 1st token")
+    load.add_argument("--decode-ms", type=float, default=0.0, help="--spawn: time per token")
+    load.add_argument("--workload", default="stream-256")
+    load.add_argument("--max-tokens", type=int, help="cut each stream after this many tokens")
+    load.add_argument(
+        "--rate", type=_rates, default=[10.0], help="requests/s; a list sweeps (10,20,40)"
+    )
+    load.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
+    load.add_argument(
+        "--burstiness", type=float, default=1.0, help="gamma shape: 1 Poisson, < 1 burstier"
+    )
+    load.add_argument(
+        "--concurrency", type=_caps, default=[None], help="cap on requests in flight; a list sweeps"
+    )
+    load.add_argument("--duration", type=float, help=f"seconds (default {DEFAULT_DURATION_S:g})")
+    load.add_argument("--requests", type=int, help="number of requests (with --duration: first)")
+    load.add_argument("--seed", type=int, default=0, help="seed of the arrival schedule")
+    load.add_argument("--slo-ttft-ms", type=float, help="goodput: TTFT at most this")
+    load.add_argument("--slo-tpot-ms", type=float, help="goodput: TPOT at most this")
+    load.add_argument("--slo-e2e-ms", type=float, help="goodput: E2E latency at most this")
+    load.add_argument("--warmup", type=int, default=8, help="untimed requests before the first")
+    load.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT_S,
+        help="seconds to wait for requests in flight after the last is sent",
+    )
+    load.add_argument("--out", type=Path, help="write the JSON report here")
+    load.add_argument("--quiet", action="store_true", help="no progress bar")
+    load.set_defaults(run=_load)

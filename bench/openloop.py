@@ -1,0 +1,330 @@
+"""The open-loop engine behind ``inferwire load`` (see :mod:`inferwire.bench.load` for what it
+measures and how each metric is defined): the seeded arrival schedule, the clients it sends
+to, and the scheduler that starts each request at its intended time.
+
+Without a cap, each request is a task started at its time. With ``concurrency`` N, N workers
+take the due requests in order of their intended time, so a backlog costs memory for a
+number, not for a task, and the cap holds exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import selectors
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, Protocol
+
+import numpy as np
+from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
+
+import inferwire.codecs as ic
+import inferwire.transports as it
+
+from . import metrics
+from .metrics import Recorder, Slo
+
+Arrival = Literal["poisson", "gamma"]
+now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
+DEFAULT_DURATION_S: Final = 10.0
+DEFAULT_DRAIN_TIMEOUT_S: Final = 60.0
+SELECT_MAX_SOCKETS: Final = 512
+"""Below select()'s FD_SETSIZE of 1,024 with room for everything else the process has open."""
+
+
+def arrival_offsets_ns(
+    rate_rps: float,
+    *,
+    arrival: Arrival = "poisson",
+    burstiness: float = 1.0,
+    seed: int = 0,
+    requests: int | None = None,
+    duration_s: float | None = None,
+) -> np.ndarray:
+    """Intended send times in nanoseconds after the start, the first at 0: gaps drawn from a
+    gamma distribution of mean ``1 / rate_rps`` and shape ``burstiness`` (Poisson: shape 1).
+    The schedule ends after ``requests`` requests or before ``duration_s``, whichever is first;
+    an infinite rate sends every request at once. Same arguments, same schedule."""
+    if requests is None and duration_s is None:
+        raise ValueError("give a number of requests or a duration")
+    if not rate_rps > 0:
+        raise ValueError("the rate must be positive")
+    if (requests is not None and requests < 1) or (duration_s is not None and not duration_s > 0):
+        raise ValueError("the number of requests and the duration must be positive")
+    if arrival == "poisson" and burstiness != 1.0:
+        raise ValueError("burstiness is the gamma shape: it needs the gamma arrival process")
+    if not burstiness > 0:
+        raise ValueError("burstiness must be positive")
+    if math.isinf(rate_rps):
+        if requests is None:
+            raise ValueError("an infinite rate needs a number of requests")
+        return np.zeros(requests, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    scale_s = 1.0 / (rate_rps * burstiness)
+    limit = requests if requests is not None else math.inf
+    horizon_s = duration_s if duration_s is not None else math.inf
+    block = int(min(limit, rate_rps * min(horizon_s, 3600.0) * 1.1 + 64))
+    gaps: list[np.ndarray] = []
+    drawn = 0
+    total_s = 0.0
+    while drawn < limit and total_s < horizon_s:  # one block suffices but for bad luck
+        more = rng.gamma(burstiness, scale_s, size=block)
+        gaps.append(more)
+        drawn += block
+        total_s += float(more.sum())
+    offsets_s = np.concatenate([[0.0], np.cumsum(np.concatenate(gaps))])
+    offsets_s = offsets_s[: int(min(limit, len(offsets_s)))]
+    offsets_s = offsets_s[offsets_s < horizon_s]
+    return np.round(offsets_s * 1e9).astype(np.int64)
+
+
+class Target(Protocol):
+    """What the generator sends to: an :class:`~inferwire.transports.Client`, a pool of them,
+    or anything else with the same ``generate``."""
+
+    def generate(self, request: it.GenerateRequest, /) -> AsyncIterator[ic.TokenChunk]: ...
+
+    async def close(self) -> None: ...
+
+
+class ClientPool:
+    """One client per request in flight, for a transport whose client runs its requests in
+    turn on one connection (tcp): without it, the generator would queue requests itself."""
+
+    def __init__(self, make: Callable[[], it.Client]) -> None:
+        self._make = make
+        self._idle: list[it.Client] = []
+        self._clients: list[it.Client] = []
+
+    async def generate(self, request: it.GenerateRequest, /) -> AsyncIterator[ic.TokenChunk]:
+        if self._idle:
+            client = self._idle.pop()
+        else:
+            client = self._make()
+            self._clients.append(client)
+        try:
+            async for chunk in client.generate(request):
+                yield chunk
+        finally:
+            self._idle.append(client)
+
+    async def close(self) -> None:
+        for client in self._clients:
+            await client.close()
+
+
+def open_target(transport: str, address: str, codec: str) -> Target:
+    """A client for ``transport``: http1 pools connections itself, http2 and grpc multiplex
+    one connection, and tcp gets a :class:`ClientPool`."""
+    if transport == "tcp":
+        return ClientPool(lambda: it.connect(transport, address, codec=codec))
+    return it.connect(transport, address, codec=codec)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadSpec:
+    """What every point of a sweep shares."""
+
+    workload: str = "stream-256"
+    max_tokens: int | None = None
+    arrival: Arrival = "poisson"
+    burstiness: float = 1.0
+    duration_s: float | None = None
+    requests: int | None = None
+    seed: int = 0
+    slo: Slo = field(default_factory=Slo)
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+
+    def offsets_ns(self, rate_rps: float) -> np.ndarray:
+        duration_s = self.duration_s
+        if duration_s is None and self.requests is None:
+            duration_s = DEFAULT_DURATION_S
+        return arrival_offsets_ns(
+            rate_rps,
+            arrival=self.arrival,
+            burstiness=self.burstiness,
+            seed=self.seed,
+            requests=self.requests,
+            duration_s=duration_s,
+        )
+
+    def request(self) -> it.GenerateRequest:
+        return it.GenerateRequest(workload=self.workload, max_tokens=self.max_tokens)
+
+
+class _Run:
+    """One point: the scheduler, and either a task per request (uncapped) or a worker per slot
+    taking due requests in order (capped)."""
+
+    def __init__(
+        self,
+        target: Target,
+        request: it.GenerateRequest,
+        recorder: Recorder,
+        on_done: Callable[[], object] | None,
+    ) -> None:
+        self.target = target
+        self.request = request
+        self.recorder = recorder
+        self.on_done = on_done
+        self.in_flight = 0
+
+    async def send(self, intended_ns: int) -> None:
+        """One request, start to end; never raises but for cancellation."""
+        recorder = self.recorder
+        recorder.queue_wait.record_ns(now_ns() - intended_ns)
+        self.in_flight += 1
+        recorder.max_in_flight = max(recorder.max_in_flight, self.in_flight)
+        try:
+            first_ns = previous_ns = 0
+            tokens = 0
+            gaps_ns: list[int] = []  # recorded once the stream is whole: a failure has no ITL
+            chunk_tokens: list[int] = []
+            async for chunk in self.target.generate(self.request):
+                count = len(chunk.token_ids)
+                if not count:
+                    continue
+                arrived_ns = now_ns()
+                if tokens:
+                    gaps_ns.append(arrived_ns - previous_ns)
+                    chunk_tokens.append(count)
+                else:
+                    first_ns = arrived_ns
+                previous_ns = arrived_ns
+                tokens += count
+            recorder.completed_stream(
+                intended_ns=intended_ns,
+                first_token_ns=first_ns,
+                done_ns=now_ns(),
+                output_tokens=tokens,
+                gaps_ns=gaps_ns,
+                chunk_tokens=chunk_tokens,
+            )
+        except Exception as exc:
+            recorder.failed(exc, now_ns())
+        finally:
+            self.in_flight -= 1
+            if self.on_done is not None:
+                self.on_done()
+
+    async def uncapped(self, intended_ns: int) -> None:
+        self.recorder.send_lag.record_ns(now_ns() - intended_ns)
+        await self.send(intended_ns)
+
+    async def worker(self, due: asyncio.Queue[int | None]) -> None:
+        while (intended_ns := await due.get()) is not None:
+            await self.send(intended_ns)
+
+    async def schedule(
+        self, start_ns: int, offsets_ns: np.ndarray, concurrency: int | None
+    ) -> list[asyncio.Task[None]]:
+        """Start each request at its time; returns the tasks that are still to finish."""
+        loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task[None]] = set()
+        due: asyncio.Queue[int | None] = asyncio.Queue()
+        if concurrency is not None:
+            workers = [loop.create_task(self.worker(due)) for _ in range(concurrency)]
+        lag = self.recorder.send_lag
+        for offset_ns in offsets_ns.tolist():
+            intended_ns = start_ns + offset_ns
+            delay_ns = intended_ns - now_ns()
+            if delay_ns > 0:
+                await asyncio.sleep(delay_ns / 1e9)
+            if concurrency is None:
+                task = loop.create_task(self.uncapped(intended_ns))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            else:
+                lag.record_ns(now_ns() - intended_ns)
+                due.put_nowait(intended_ns)
+        if concurrency is None:
+            return list(tasks)
+        for _ in workers:
+            due.put_nowait(None)
+        return workers
+
+
+async def run_point(
+    target: Target,
+    spec: LoadSpec,
+    *,
+    rate_rps: float,
+    concurrency: int | None = None,
+    server_pid: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Drive ``target`` at one rate (and cap) and return the point's metrics."""
+    if concurrency is not None and concurrency < 1:
+        raise ValueError("the concurrency cap must be at least 1")
+    offsets_ns = spec.offsets_ns(rate_rps)
+    recorder = Recorder(spec.slo)
+    cpu = metrics.CpuMeter(server_pid)
+    label = f"rate {rate_rps:g}/s" + (f" cap {concurrency}" if concurrency else "")
+    with tqdm(
+        total=len(offsets_ns),
+        desc=label,
+        unit="req",
+        file=sys.stderr,
+        disable=not progress,
+        leave=False,
+    ) as bar:
+        run = _Run(target, spec.request(), recorder, bar.update if progress else None)
+        cpu.start()
+        start_ns = now_ns() + 1_000_000  # a millisecond to get the scheduler going
+        pending = await run.schedule(start_ns, offsets_ns, concurrency)
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=spec.drain_timeout_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        unaccounted = len(offsets_ns) - recorder.completed - sum(recorder.errors.values())
+        for _ in range(unaccounted):
+            recorder.failed(None, now_ns())
+        recorder.flush()  # the recording's last step, billed to the client like the rest
+        usage = cpu.stop(recorder.output_tokens)
+    schedule_s = float(offsets_ns[-1]) / 1e9 if len(offsets_ns) > 1 else 0.0
+    return {
+        "rate_rps": finite_or_text(rate_rps),
+        "concurrency": concurrency,
+        "offered_rate_rps": (len(offsets_ns) - 1) / schedule_s if schedule_s else None,
+        **recorder.summary(start_ns=start_ns, scheduled=len(offsets_ns)),
+        **usage,
+    }
+
+
+def finite_or_text(value: float) -> float | str:
+    """JSON has no infinity: an infinite rate is written ``"inf"``."""
+    return value if math.isfinite(value) else str(value)
+
+
+async def warm_up(target: Target, request: it.GenerateRequest, requests: int) -> None:
+    """Open connections and fill the server's caches before anything is timed; raises the
+    first failure."""
+    outcomes = await asyncio.gather(
+        *(_drain(target.generate(request)) for _ in range(requests)), return_exceptions=True
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
+async def _drain(chunks: AsyncIterator[ic.TokenChunk]) -> None:
+    async for _ in chunks:
+        pass
+
+
+def event_loop_factory(precise: bool) -> Callable[[], asyncio.AbstractEventLoop]:
+    """``precise``: wait on select() (microsecond timeouts); else the default (epoll)."""
+    selector = selectors.SelectSelector if precise else selectors.DefaultSelector
+    return lambda: asyncio.SelectorEventLoop(selector())
+
+
+def select_is_safe(transport: str, concurrencies: list[int | None]) -> bool:
+    """Whether the generator's sockets stay well under select()'s limit: one connection for
+    http2 and grpc, one per request in flight (at most the cap) for tcp and http1."""
+    if transport in ("http2", "grpc"):
+        return True
+    return all(c is not None and c <= SELECT_MAX_SOCKETS for c in concurrencies)
