@@ -44,6 +44,17 @@ class StallingService(it.SimulatedService):
                 self.max_active = max(self.max_active, self.active_streams)
                 yield chunk
 
+    async def batches(
+        self, request: it.GenerateRequest, *, max_chunks: int = 32
+    ) -> AsyncGenerator[list[ic.TokenChunk], None]:
+        # what the tcp and HTTP servers stream from
+        if self.every and (self.streams_started + 1) % self.every == 0:
+            time.sleep(self.stall_s)  # blocking on purpose
+        async with contextlib.aclosing(super().batches(request, max_chunks=max_chunks)) as it_:
+            async for batch in it_:
+                self.max_active = max(self.max_active, self.active_streams)
+                yield batch
+
 
 @contextlib.contextmanager
 def thread_server(service: it.SimulatedService) -> Iterator[str]:

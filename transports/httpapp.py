@@ -127,16 +127,20 @@ class HttpApp:
         self, request: GenerateRequest, stamps: ServerStamps | None
     ) -> AsyncGenerator[bytes, None]:
         encoder = self.codec.stream_encoder()
-        async with contextlib.aclosing(self.service.generate(request)) as chunks:
+        encode = encoder.encode
+        # one frame per batch of due chunks: see SimulatedService.batches
+        async with contextlib.aclosing(self.service.batches(request)) as batches:
             if stamps is None:
-                async for chunk in chunks:
-                    yield encoder.encode(chunk)
+                async for batch in batches:
+                    yield encode(batch[0]) if len(batch) == 1 else b"".join(map(encode, batch))
             else:
-                async for chunk in chunks:
-                    produced = now_ns()
-                    data = encoder.encode(chunk)
-                    stamps.encoded(produced, now_ns())
-                    yield data
+                async for batch in batches:
+                    parts = []
+                    for chunk in batch:
+                        produced = now_ns()
+                        parts.append(encode(chunk))
+                        stamps.encoded(produced, now_ns())
+                    yield b"".join(parts)
         yield encoder.end()
 
     def _infer(self, model: str, headers: Mapping[str, str], body: bytes) -> Response:

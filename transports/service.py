@@ -24,6 +24,8 @@ from typing import Any, Final
 from inferwire.codecs import InferRequest, InferResponse, Tensor, TokenChunk
 
 MAX_TOKENS_LIMIT: Final = 1 << 20
+MAX_BATCH_CHUNKS: Final = 32
+"""Most chunks :meth:`SimulatedService.batches` hands over at once (about 8 KiB of SSE)."""
 
 
 class BadRequestError(ValueError):
@@ -146,6 +148,38 @@ class SimulatedService:
                         await asyncio.sleep(delay)
                     due += self.decode_s * max(1, len(chunk.token_ids))
                 yield chunk
+        finally:
+            self.active_streams -= 1
+
+    async def batches(
+        self, request: GenerateRequest, *, max_chunks: int = MAX_BATCH_CHUNKS
+    ) -> AsyncGenerator[list[TokenChunk], None]:
+        """The paced stream as lists of the chunks that are due now, for servers that write
+        a list at once: a chunk is handed over as soon as it is produced (paced, a list holds
+        one), and a model that runs ahead of the wire does not cost one write per chunk (the
+        batching an HTTP/2 server such as Hypercorn does by buffering its output)."""
+        chunks = self.chunks(request)
+        self.active_streams += 1
+        self.streams_started += 1
+        try:
+            paced = bool(self.prefill_s or self.decode_s)
+            due = time.monotonic() + self.prefill_s
+            batch: list[TokenChunk] = []
+            for chunk in chunks:
+                if paced:
+                    delay = due - time.monotonic()
+                    if delay > 0:
+                        if batch:
+                            yield batch
+                            batch = []
+                        await asyncio.sleep(delay)
+                    due += self.decode_s * max(1, len(chunk.token_ids))
+                batch.append(chunk)
+                if len(batch) >= max_chunks:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
         finally:
             self.active_streams -= 1
 

@@ -105,9 +105,13 @@ class TcpServer(Server):
             if request.timing:
                 await self._timed_stream(request, writer)
                 return True
-            async with contextlib.aclosing(self.service.generate(request)) as chunks:
-                async for chunk in chunks:
-                    writer.write(encoder.encode(chunk))
+            encode = encoder.encode
+            # one write per batch of due chunks: see SimulatedService.batches
+            async with contextlib.aclosing(self.service.batches(request)) as batches:
+                async for batch in batches:
+                    writer.write(
+                        encode(batch[0]) if len(batch) == 1 else b"".join(map(encode, batch))
+                    )
                     await writer.drain()
             writer.write(encoder.end())
             await writer.drain()
@@ -128,11 +132,14 @@ class TcpServer(Server):
     async def _timed_stream(self, request: GenerateRequest, writer: asyncio.StreamWriter) -> None:
         encoder = self.codec.stream_encoder()
         stamps = ServerStamps()
-        async with contextlib.aclosing(self.service.generate(request)) as chunks:
-            async for chunk in chunks:
-                produced = now_ns()
-                data = encoder.encode(chunk)
-                stamps.encoded(produced, now_ns())
+        async with contextlib.aclosing(self.service.batches(request)) as batches:
+            async for batch in batches:
+                parts = []
+                for chunk in batch:
+                    produced = now_ns()
+                    parts.append(encoder.encode(chunk))
+                    stamps.encoded(produced, now_ns())
+                data = b"".join(parts)
                 writer.write(_LEN.pack(len(data)) + data)
                 await writer.drain()
                 stamps.written()

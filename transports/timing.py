@@ -71,17 +71,19 @@ class ServerStamps:
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, int, int]] = []
-        self._pending: tuple[int, int] | None = None
+        self._pending: list[tuple[int, int]] = []
 
     def encoded(self, produced_ns: int, encoded_ns: int) -> None:
-        self._pending = (produced_ns, encoded_ns)
+        self._pending.append((produced_ns, encoded_ns))
 
     def written(self) -> None:
-        """The bytes of the chunk last :meth:`encoded` were written (a no-op for bytes that
-        were no chunk, such as the end marker)."""
-        pending, self._pending = self._pending, None
-        if pending is not None and len(self.rows) < MAX_CHUNKS:
-            self.rows.append((pending[0], pending[1], now_ns()))
+        """The bytes of every chunk :meth:`encoded` since the last call were written (a no-op
+        when none was, as for the end marker)."""
+        if self._pending:
+            written = now_ns()
+            room = MAX_CHUNKS - len(self.rows)
+            self.rows += [(p, e, written) for p, e in self._pending[:room]]
+            self._pending = []
 
     def pack(self) -> bytes:
         return np.asarray(self.rows, dtype="<u8").reshape(-1, 3).tobytes()
