@@ -388,6 +388,10 @@ class Http2Server(Server):
         await super().stop()
 
 
+class _NotProcessedError(StreamTruncatedError):
+    """The server's GOAWAY says it never processed this stream: safe to send again."""
+
+
 class _ClientStream:
     __slots__ = ("complete", "data", "event", "failure", "headers", "trailers", "unacked")
 
@@ -415,6 +419,7 @@ class _H2ClientProtocol(asyncio.Protocol):
         self.flow = _FlowControl(timeout_s)
         self.writer: _Writer | None = None
         self.failure: Exception | None = None
+        self.draining = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -505,11 +510,31 @@ class _H2ClientProtocol(asyncio.Protocol):
             elif isinstance(event, h2.events.RemoteSettingsChanged):
                 self.flow.opened(None)
             elif isinstance(event, h2.events.ConnectionTerminated):
-                self._fail_all(
-                    StreamTruncatedError(f"http2: GOAWAY from the server ({event.error_code!r})")
-                )
-                self.transport.close()
+                self.draining = True  # no new streams here: the client opens a new connection
+                if event.error_code == h2.errors.ErrorCodes.NO_ERROR:
+                    # graceful (RFC 9113 6.8): streams up to last_stream_id still finish;
+                    # later ones were never processed
+                    last = event.last_stream_id or 0
+                    for stream_id, stream in self.streams.items():
+                        if stream_id > last and not stream.complete:
+                            stream.failure = _NotProcessedError(
+                                "http2: the server closed the connection before this stream "
+                                "(GOAWAY); it was not processed"
+                            )
+                            stream.event.set()
+                    self.close_if_idle()
+                else:
+                    self._fail_all(
+                        StreamTruncatedError(
+                            f"http2: GOAWAY from the server ({event.error_code!r})"
+                        )
+                    )
+                    self.transport.close()
         self.flush()
+
+    def close_if_idle(self) -> None:
+        if self.draining and not self.streams:
+            self.transport.close()
 
 
 class Http2Client(Client):
@@ -531,7 +556,12 @@ class Http2Client(Client):
     async def _connection(self) -> _H2ClientProtocol:
         async with self._connecting:
             protocol = self._protocol
-            if protocol is None or protocol.transport.is_closing() or protocol.failure:
+            if (
+                protocol is None
+                or protocol.transport.is_closing()
+                or protocol.failure
+                or protocol.draining
+            ):
                 loop = asyncio.get_running_loop()
                 try:
                     async with asyncio.timeout(self.limits.timeout_s):
@@ -636,19 +666,37 @@ class Http2Client(Client):
         """Forget the stream; cancel it on the server if it did not end."""
         protocol.streams.pop(stream_id, None)
         protocol.flow.forget(stream_id)
+        protocol.close_if_idle()
         if not stream.complete and stream.failure is None and not protocol.transport.is_closing():
             with contextlib.suppress(h2.exceptions.H2Error):
                 protocol.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
                 protocol.flush()
 
+    async def _start(
+        self, path: str, content_type: str, accept: str, body: bytes
+    ) -> tuple[_H2ClientProtocol, int, _ClientStream, int]:
+        """Open a stream and read its response headers; a stream the server's GOAWAY says it
+        never processed is sent once more, on a new connection (RFC 9113 6.8)."""
+        for attempt in (1, 2):
+            protocol, stream_id, stream = await self._open(path, content_type, accept, body)
+            try:
+                return protocol, stream_id, stream, await self._headers(stream)
+            except _NotProcessedError:
+                self._finish(protocol, stream_id, stream)
+                if attempt == 2:
+                    raise
+            except BaseException:
+                self._finish(protocol, stream_id, stream)
+                raise
+        raise AssertionError("unreachable")
+
     async def infer(self, request: ic.InferRequest) -> ic.InferResponse:
         media = self.codec.media_type
         payload = self.codec.encode(request)
-        protocol, stream_id, stream = await self._open(
+        protocol, stream_id, stream, status = await self._start(
             f"/v2/models/{request.model}/infer", media, media, payload
         )
         try:
-            status = await self._headers(stream)
             body = await self._body(protocol, stream_id, stream)
         finally:
             self._finish(protocol, stream_id, stream)
@@ -667,12 +715,11 @@ class Http2Client(Client):
             obj["timing"] = True
             timing.request_sent_ns = now_ns()
         body = orjson.dumps(obj)
-        protocol, stream_id, stream = await self._open(
+        protocol, stream_id, stream, status = await self._start(
             "/v1/chat/completions", "application/json", self.codec.stream_media_type, body
         )
         count = 0
         try:
-            status = await self._headers(stream)
             if status != 200:
                 raise RemoteError(
                     status, error_detail(await self._body(protocol, stream_id, stream))
