@@ -19,6 +19,10 @@
  * Hostile bytes: every read is bounds-checked against the frame or field it belongs to, varints
  * stop at 10 bytes and 64 bits, lengths are checked before use, and nothing is allocated from a
  * declared size: a tuple of token ids is sized by the ids actually present.
+ *
+ * Hostile objects: a lookup in the encoder's string table can run Python code (the __eq__ of a
+ * str subclass the Python path interned), which can rebind a frozen chunk's slots. So the chunk
+ * is read once, before the first lookup, into strong references (Frame), and never again.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -452,35 +456,59 @@ decimal(double value, int64_t *mantissa, int *scale)
 
 /* ---- encoding ------------------------------------------------------------------------------- */
 
-/* Whether text is a string the encoder can write: an exact str that is in the table already
- * or encodes to UTF-8 (a lone surrogate does not: the Python path raises for it). */
-static int
-writable_str(PyObject *text, PyObject *index)
+/* A string of a Logprob (its token, or an alternative's) and the logprob that goes with it. */
+typedef struct {
+    PyObject *token;         /* a strong reference to an exact str */
+    double value;
+    Py_ssize_t alternatives; /* in a Logprob's own entry: how many entries (its top) follow */
+} Entry;
+
+#define SMALL_ENTRIES 64
+
+/* What a chunk's frame is written from, read out of the chunk before the first string-table
+ * lookup and held by strong references. A lookup can run Python code: the table's dict may hold
+ * a str subclass (the Python path interns whatever the caller passed) whose __eq__ is called on
+ * a hash match, and that code can rebind the slots of the chunk, its Logprobs and their
+ * alternatives (object.__setattr__ gets past frozen). Nothing is read from those objects after
+ * it could run, so no borrowed pointer can dangle and no checked type can change under us. */
+typedef struct {
+    PyObject *token_ids; /* an exact tuple of exact ints below 2**32 (immutable, all of it) */
+    PyObject *text;      /* an exact str */
+    PyObject *finish;    /* an exact str, or NULL for None */
+    int has_logprobs;
+    int has_usage;
+    uint64_t prompt, completion;
+    Py_ssize_t logprobs; /* how many Logprobs the entries hold */
+    Entry *entries;      /* each Logprob's entry, then its alternatives' */
+    Py_ssize_t count;    /* entries filled (and holding a reference) */
+    Entry small[SMALL_ENTRIES];
+} Frame;
+
+static void
+frame_init(Frame *frame)
 {
-    if (!PyUnicode_CheckExact(text)) {
-        return STEP_BAIL;
-    }
-    if (PyDict_GetItemWithError(index, text) != NULL) {
-        return STEP_OK;
-    }
-    if (PyErr_Occurred()) {
-        return STEP_ERROR;
-    }
-    Py_ssize_t size;
-    if (PyUnicode_AsUTF8AndSize(text, &size) == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
-            PyErr_Clear();
-            return STEP_BAIL;
-        }
-        return STEP_ERROR;
-    }
-    return STEP_OK;
+    frame->token_ids = frame->text = frame->finish = NULL;
+    frame->has_logprobs = frame->has_usage = 0;
+    frame->prompt = frame->completion = 0;
+    frame->logprobs = 0;
+    frame->entries = frame->small;
+    frame->count = 0;
 }
 
-static int
-same_str(PyObject *a, PyObject *b)
+static void
+frame_clear(Frame *frame)
 {
-    return a == b || PyUnicode_Compare(a, b) == 0; /* both exact str: no error */
+    for (Py_ssize_t i = 0; i < frame->count; i++) {
+        Py_DECREF(frame->entries[i].token);
+    }
+    if (frame->entries != frame->small) {
+        PyMem_Free(frame->entries);
+    }
+    Py_CLEAR(frame->token_ids);
+    Py_CLEAR(frame->text);
+    Py_CLEAR(frame->finish);
+    frame->entries = frame->small;
+    frame->count = 0;
 }
 
 /* An exact int in [0, 2**32). */
@@ -499,11 +527,11 @@ uint32_value(PyObject *value, uint64_t *out)
     return 1;
 }
 
-/* Every check the Python path makes, and the exact types this path takes, before anything is
- * written or added to the table: STEP_BAIL hands the chunk to the Python path unchanged. */
+/* Every check the Python path makes that does not need the string table, and the exact types
+ * this path takes; then the values into frame. STEP_BAIL hands the chunk to the Python path
+ * unchanged. No Python code runs in here: the comparisons are of exact str and int. */
 static int
-check_chunk(PyObject *chunk, PyObject *base, PyObject *next_seq, PyObject *index,
-            int carries_usage)
+read_chunk(Frame *frame, PyObject *chunk, PyObject *base, PyObject *next_seq, int carries_usage)
 {
     for (int field = C_ID; field <= C_USAGE; field++) {
         if (*(PyObject **)((char *)chunk + S.chunk.offsets[field]) == NULL) {
@@ -543,11 +571,13 @@ check_chunk(PyObject *chunk, PyObject *base, PyObject *next_seq, PyObject *index
             return STEP_BAIL;
         }
     }
-    int step = writable_str(SLOT(chunk, chunk, C_TEXT), index);
-    if (step != STEP_OK) {
-        return step;
+    PyObject *text = SLOT(chunk, chunk, C_TEXT);
+    if (!PyUnicode_CheckExact(text)) {
+        return STEP_BAIL;
     }
+    /* the Logprobs: checked and counted, then (nothing having run in between) copied */
     PyObject *logprobs = SLOT(chunk, chunk, C_LOGPROBS);
+    Py_ssize_t entries = 0;
     if (logprobs != Py_None) {
         if (!PyTuple_CheckExact(logprobs)) {
             return STEP_BAIL;
@@ -560,12 +590,9 @@ check_chunk(PyObject *chunk, PyObject *base, PyObject *next_seq, PyObject *index
             PyObject *token = SLOT(lp, logprob, L_TOKEN);
             PyObject *value = SLOT(lp, logprob, L_LOGPROB);
             PyObject *top = SLOT(lp, logprob, L_TOP);
-            if (token == NULL || value == NULL || top == NULL || !PyFloat_CheckExact(value) ||
-                !PyTuple_CheckExact(top)) {
+            if (token == NULL || value == NULL || top == NULL || !PyUnicode_CheckExact(token) ||
+                !PyFloat_CheckExact(value) || !PyTuple_CheckExact(top)) {
                 return STEP_BAIL;
-            }
-            if ((step = writable_str(token, index)) != STEP_OK) {
-                return step;
             }
             for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(top); j++) {
                 PyObject *alternative = PyTuple_GET_ITEM(top, j);
@@ -574,33 +601,101 @@ check_chunk(PyObject *chunk, PyObject *base, PyObject *next_seq, PyObject *index
                 }
                 PyObject *alt_token = SLOT(alternative, top, T_TOKEN);
                 PyObject *alt_value = SLOT(alternative, top, T_LOGPROB);
-                if (alt_token == NULL || alt_value == NULL || !PyFloat_CheckExact(alt_value)) {
+                if (alt_token == NULL || alt_value == NULL || !PyUnicode_CheckExact(alt_token) ||
+                    !PyFloat_CheckExact(alt_value)) {
                     return STEP_BAIL;
                 }
-                if ((step = writable_str(alt_token, index)) != STEP_OK) {
-                    return step;
-                }
             }
+            entries += 1 + PyTuple_GET_SIZE(top);
         }
     }
     PyObject *finish = SLOT(chunk, chunk, C_FINISH);
-    if (finish != Py_None && (step = writable_str(finish, index)) != STEP_OK) {
-        return step;
+    if (finish != Py_None && !PyUnicode_CheckExact(finish)) {
+        return STEP_BAIL;
     }
     PyObject *usage = SLOT(chunk, chunk, C_USAGE);
     if (usage != Py_None) {
-        uint64_t count;
         if (!carries_usage || !Py_IS_TYPE(usage, S.usage.type)) {
             return STEP_BAIL;
         }
         PyObject *prompt = SLOT(usage, usage, U_PROMPT);
         PyObject *completion = SLOT(usage, usage, U_COMPLETION);
-        if (prompt == NULL || completion == NULL || !uint32_value(prompt, &count) ||
-            !uint32_value(completion, &count)) {
+        if (prompt == NULL || completion == NULL || !uint32_value(prompt, &frame->prompt) ||
+            !uint32_value(completion, &frame->completion)) {
             return STEP_BAIL;
         }
+        frame->has_usage = 1;
+    }
+    if (entries > SMALL_ENTRIES && (frame->entries = PyMem_New(Entry, entries)) == NULL) {
+        frame->entries = frame->small;
+        PyErr_NoMemory();
+        return STEP_ERROR;
+    }
+    if (logprobs != Py_None) {
+        frame->has_logprobs = 1;
+        frame->logprobs = PyTuple_GET_SIZE(logprobs);
+        for (Py_ssize_t i = 0; i < frame->logprobs; i++) {
+            PyObject *lp = PyTuple_GET_ITEM(logprobs, i);
+            PyObject *top = SLOT(lp, logprob, L_TOP);
+            Entry *entry = &frame->entries[frame->count++];
+            entry->token = Py_NewRef(SLOT(lp, logprob, L_TOKEN));
+            entry->value = PyFloat_AS_DOUBLE(SLOT(lp, logprob, L_LOGPROB));
+            entry->alternatives = PyTuple_GET_SIZE(top);
+            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(top); j++) {
+                PyObject *alternative = PyTuple_GET_ITEM(top, j);
+                Entry *alt = &frame->entries[frame->count++];
+                alt->token = Py_NewRef(SLOT(alternative, top, T_TOKEN));
+                alt->value = PyFloat_AS_DOUBLE(SLOT(alternative, top, T_LOGPROB));
+                alt->alternatives = 0;
+            }
+        }
+    }
+    frame->token_ids = Py_NewRef(token_ids);
+    frame->text = Py_NewRef(text);
+    frame->finish = finish == Py_None ? NULL : Py_NewRef(finish);
+    return STEP_OK;
+}
+
+/* Whether text (an exact str) is a string the encoder can write: in the table already or
+ * encodable to UTF-8 (a lone surrogate is not: the Python path raises for it). */
+static int
+writable_str(PyObject *text, PyObject *index)
+{
+    if (PyDict_GetItemWithError(index, text) != NULL) {
+        return STEP_OK;
+    }
+    if (PyErr_Occurred()) {
+        return STEP_ERROR;
+    }
+    Py_ssize_t size;
+    if (PyUnicode_AsUTF8AndSize(text, &size) == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+            PyErr_Clear();
+            return STEP_BAIL;
+        }
+        return STEP_ERROR;
     }
     return STEP_OK;
+}
+
+/* The last checks, before anything is written or added to the table: every string encodes. */
+static int
+check_strings(const Frame *frame, PyObject *index)
+{
+    int step = writable_str(frame->text, index);
+    for (Py_ssize_t i = 0; i < frame->count && step == STEP_OK; i++) {
+        step = writable_str(frame->entries[i].token, index);
+    }
+    if (step == STEP_OK && frame->finish != NULL) {
+        step = writable_str(frame->finish, index);
+    }
+    return step;
+}
+
+static int
+same_str(PyObject *a, PyObject *b)
+{
+    return a == b || PyUnicode_Compare(a, b) == 0; /* both exact str: no error */
 }
 
 /* _Table.ref: the table ref of text (0: it is sent literally, and joins the table if it may). */
@@ -682,25 +777,19 @@ put_literal(Buf *buf, uint8_t key, PyObject *text)
 
 #define SMALL_TOP 32
 
-static inline double
-top_value(PyObject *top, Py_ssize_t i)
-{
-    return PyFloat_AS_DOUBLE(SLOT(PyTuple_GET_ITEM(top, i), top, T_LOGPROB));
-}
-
-/* delta_codec._top_logprobs for top[first:]: decimals over one common scale, else doubles. */
+/* delta_codec._top_logprobs for the count alternatives at top: decimals over one common scale,
+ * else doubles. */
 static int
-put_top_values(Buf *buf, PyObject *top, Py_ssize_t first)
+put_top_values(Buf *buf, const Entry *top, Py_ssize_t count)
 {
-    Py_ssize_t count = PyTuple_GET_SIZE(top) - first;
     int64_t small[SMALL_TOP];
     int64_t *mantissas = small;
     int *scales = NULL;
     int small_scales[SMALL_TOP];
     int result = -1;
     if (count > SMALL_TOP) {
-        mantissas = PyMem_Malloc(count * sizeof(int64_t));
-        scales = PyMem_Malloc(count * sizeof(int));
+        mantissas = PyMem_New(int64_t, count);
+        scales = PyMem_New(int, count);
         if (mantissas == NULL || scales == NULL) {
             PyErr_NoMemory();
             goto done;
@@ -712,7 +801,7 @@ put_top_values(Buf *buf, PyObject *top, Py_ssize_t first)
     int scale = 0;
     int exact = 1;
     for (Py_ssize_t i = 0; i < count && exact; i++) {
-        int found = decimal(top_value(top, first + i), &mantissas[i], &scales[i]);
+        int found = decimal(top[i].value, &mantissas[i], &scales[i]);
         if (found < 0) {
             goto done;
         }
@@ -748,7 +837,7 @@ put_top_values(Buf *buf, PyObject *top, Py_ssize_t first)
             goto done;
         }
         for (Py_ssize_t i = 0; i < count; i++) {
-            if (put_double(buf, top_value(top, first + i)) < 0) {
+            if (put_double(buf, top[i].value) < 0) {
                 goto done;
             }
         }
@@ -770,13 +859,15 @@ same_float(double a, double b)
     return a == b && (a != 0.0 || copysign(1.0, a) == copysign(1.0, b));
 }
 
-/* delta_codec._logprob: one Logprob message's fields. */
+/* delta_codec._logprob: one Logprob message's fields, from its entry and the alternatives'
+ * entries right after it. */
 static int
-put_logprob(Buf *buf, PyObject *index, PyObject *strings, PyObject *lp)
+put_logprob(Buf *buf, PyObject *index, PyObject *strings, const Entry *lp)
 {
-    PyObject *token = SLOT(lp, logprob, L_TOKEN);
-    double value = PyFloat_AS_DOUBLE(SLOT(lp, logprob, L_LOGPROB));
-    PyObject *top = SLOT(lp, logprob, L_TOP);
+    PyObject *token = lp->token;
+    double value = lp->value;
+    const Entry *top = lp + 1;
+    Py_ssize_t count = lp->alternatives;
     if (put_string(buf, index, strings, token, 0x08, 0x12) < 0) {
         return -1;
     }
@@ -795,16 +886,12 @@ put_logprob(Buf *buf, PyObject *index, PyObject *strings, PyObject *lp)
     else if (put_byte(buf, 0x19) < 0 || put_double(buf, value) < 0) {
         return -1;
     }
-    Py_ssize_t count = PyTuple_GET_SIZE(top);
     Py_ssize_t first = 0;
-    if (count) {
-        PyObject *head = PyTuple_GET_ITEM(top, 0);
-        if (same_str(SLOT(head, top, T_TOKEN), token) && same_float(top_value(top, 0), value)) {
-            if (put_byte(buf, 0x20) < 0 || put_byte(buf, 0x01) < 0) {
-                return -1;
-            }
-            first = 1;
+    if (count && same_str(top[0].token, token) && same_float(top[0].value, value)) {
+        if (put_byte(buf, 0x20) < 0 || put_byte(buf, 0x01) < 0) {
+            return -1;
         }
+        first = 1;
     }
     if (first == count) {
         return 0;
@@ -818,8 +905,7 @@ put_logprob(Buf *buf, PyObject *index, PyObject *strings, PyObject *lp)
     int literals = 0;
     for (Py_ssize_t i = first; i < count; i++) {
         uint64_t ref;
-        PyObject *alt_token = SLOT(PyTuple_GET_ITEM(top, i), top, T_TOKEN);
-        if (table_ref(index, strings, alt_token, &ref) < 0 || put_varint(buf, ref) < 0) {
+        if (table_ref(index, strings, top[i].token, &ref) < 0 || put_varint(buf, ref) < 0) {
             return -1;
         }
         literals |= ref == 0;
@@ -835,22 +921,21 @@ put_logprob(Buf *buf, PyObject *index, PyObject *strings, PyObject *lp)
         for (Py_ssize_t i = first; at < refs_end; i++) {
             uint64_t ref = 0;
             read_varint((const uint8_t *)buf->data, &at, refs_end, &ref); /* ours */
-            if (ref == 0 && put_literal(buf, 0x32, SLOT(PyTuple_GET_ITEM(top, i), top, T_TOKEN)) <
-                                0) {
+            if (ref == 0 && put_literal(buf, 0x32, top[i].token) < 0) {
                 return -1;
             }
         }
     }
-    return put_top_values(buf, top, first);
+    return put_top_values(buf, top + first, count - first);
 }
 
 static int
-put_frame(Buf *buf, PyObject *chunk, uint64_t offset, PyObject *index, PyObject *strings)
+put_frame(Buf *buf, const Frame *frame, uint64_t offset, PyObject *index, PyObject *strings)
 {
     if (offset && (put_byte(buf, 0x08) < 0 || put_varint(buf, offset) < 0)) {
         return -1;
     }
-    PyObject *token_ids = SLOT(chunk, chunk, C_TOKEN_IDS);
+    PyObject *token_ids = frame->token_ids;
     if (PyTuple_GET_SIZE(token_ids)) {
         Py_ssize_t mark;
         if (begin_len(buf, 0x12, &mark) < 0) {
@@ -867,36 +952,31 @@ put_frame(Buf *buf, PyObject *chunk, uint64_t offset, PyObject *index, PyObject 
             return -1;
         }
     }
-    if (put_string(buf, index, strings, SLOT(chunk, chunk, C_TEXT), 0x18, 0x22) < 0) {
+    if (put_string(buf, index, strings, frame->text, 0x18, 0x22) < 0) {
         return -1;
     }
-    PyObject *logprobs = SLOT(chunk, chunk, C_LOGPROBS);
-    if (logprobs != Py_None) {
+    if (frame->has_logprobs) {
         if (put_byte(buf, 0x28) < 0 || put_byte(buf, 0x01) < 0) {
             return -1;
         }
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(logprobs); i++) {
+        const Entry *lp = frame->entries;
+        for (Py_ssize_t i = 0; i < frame->logprobs; i++) {
             Py_ssize_t mark;
-            if (begin_len(buf, 0x32, &mark) < 0 ||
-                put_logprob(buf, index, strings, PyTuple_GET_ITEM(logprobs, i)) < 0 ||
+            if (begin_len(buf, 0x32, &mark) < 0 || put_logprob(buf, index, strings, lp) < 0 ||
                 end_len(buf, mark) < 0) {
                 return -1;
             }
+            lp += 1 + lp->alternatives;
         }
     }
-    PyObject *finish = SLOT(chunk, chunk, C_FINISH);
-    if (finish != Py_None && put_literal(buf, 0x3A, finish) < 0) {
+    if (frame->finish != NULL && put_literal(buf, 0x3A, frame->finish) < 0) {
         return -1;
     }
-    PyObject *usage = SLOT(chunk, chunk, C_USAGE);
-    if (usage != Py_None) {
-        uint64_t prompt = 0, completion = 0;
-        uint32_value(SLOT(usage, usage, U_PROMPT), &prompt); /* checked */
-        uint32_value(SLOT(usage, usage, U_COMPLETION), &completion);
-        int size = 2 + varint_size(prompt) + varint_size(completion);
+    if (frame->has_usage) {
+        int size = 2 + varint_size(frame->prompt) + varint_size(frame->completion);
         if (put_byte(buf, 0x42) < 0 || put_byte(buf, (uint8_t)size) < 0 ||
-            put_byte(buf, 0x08) < 0 || put_varint(buf, prompt) < 0 || put_byte(buf, 0x10) < 0 ||
-            put_varint(buf, completion) < 0) {
+            put_byte(buf, 0x08) < 0 || put_varint(buf, frame->prompt) < 0 ||
+            put_byte(buf, 0x10) < 0 || put_varint(buf, frame->completion) < 0) {
             return -1;
         }
     }
@@ -938,8 +1018,14 @@ encode_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear(); /* negative or past 64 bits: the Python path raises */
         Py_RETURN_NONE;
     }
-    int step = check_chunk(chunk, base, next_seq, index, carries_usage);
+    Frame frame;
+    frame_init(&frame);
+    int step = read_chunk(&frame, chunk, base, next_seq, carries_usage);
+    if (step == STEP_OK) {
+        step = check_strings(&frame, index);
+    }
     if (step != STEP_OK) {
+        frame_clear(&frame);
         if (step == STEP_ERROR) {
             return NULL;
         }
@@ -949,7 +1035,7 @@ encode_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Buf buf;
     buf_init(&buf, MAX_VARINT_BYTES);
     PyObject *result = NULL;
-    if (put_frame(&buf, chunk, offset, index, strings) == 0) {
+    if (put_frame(&buf, &frame, offset, index, strings) == 0) {
         Py_ssize_t body = buf.len - MAX_VARINT_BYTES;
         uint64_t length = (uint64_t)body + 1;
         int size = varint_size(length);
@@ -958,6 +1044,7 @@ encode_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         result = PyBytes_FromStringAndSize(start, size + body);
     }
     buf_free(&buf);
+    frame_clear(&frame);
     return result;
 }
 

@@ -669,3 +669,70 @@ def test_encode_frame_hands_back_a_chunk_of_another_response_untouched() -> None
         assert (index, strings) == ({}, [])
     frame = ACCEL.encode_frame(chunk, ("r", "m", 0, 0), 5, 0, {}, [], True)
     assert frame == b"\x09\x12\x01\x01\x22\x03new"
+
+
+_REBINDING_KEY = r"""
+import sys
+import inferwire.codecs as ic
+from inferwire.codecs import _delta_accel as accel, delta_codec
+
+accel.configure(
+    ic.TokenChunk, ic.TokenLogprob, ic.TopLogprob, ic.Usage,
+    delta_codec.MAX_TABLE_ENTRIES, delta_codec.MAX_INTERNED_CHARS,
+)
+KEY = sys.argv[1]  # "hit", the text; or "w", each Logprob's token
+
+
+def chunk() -> ic.TokenChunk:
+    top = tuple(ic.TopLogprob(token=f"t{i}", logprob=-0.5 * i) for i in range(40))
+    logprobs = tuple(ic.TokenLogprob(token="w", logprob=-1.25, top=top) for _ in range(30))
+    return ic.TokenChunk(
+        id="r", model="m", created=0, index=0, seq=3, token_ids=(1, 2, 3), text="hit",
+        logprobs=logprobs, finish_reason="stop",
+    )
+
+
+victim = chunk()
+done = []
+
+
+class Key(str):
+    # A table key as the Python path interns it (any str subclass a caller passed). Its
+    # __eq__ runs inside the extension's dict lookup of an equal exact str.
+    __hash__ = str.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        if not done:
+            done.append(True)
+            set_ = object.__setattr__  # past frozen=True
+            set_(victim, "token_ids", ["not", "ints", None])  # checked before this lookup
+            if KEY == "w":  # mid-way through the Logprobs
+                lp = victim.logprobs[0]
+                set_(lp.top[1], "token", 7)
+                set_(lp.top[1], "logprob", "not a float")
+                set_(lp, "top", [])
+                set_(lp, "logprob", None)
+                set_(victim, "logprobs", None)  # the last reference to the tuple walked
+        return str.__eq__(self, other)
+
+
+base = ("r", "m", 0, 0)
+got = accel.encode_frame(victim, base, 3, 3, {Key(KEY): 0}, [KEY], True)
+# written from the values the chunk had when the call began
+want = accel.encode_frame(chunk(), base, 3, 3, {KEY: 0}, [KEY], True)
+print(got == want, done)
+"""
+
+
+@pytest.mark.parametrize("key", ["hit", "w"])
+def test_encode_frame_survives_a_key_that_rebinds_the_chunk_during_lookup(key: str) -> None:
+    """A string-table lookup can run Python code (a str subclass's __eq__) that rebinds the
+    chunk's slots: the extension reads the chunk once, before any lookup, and holds what it
+    read. (It used to read slots again after lookups: a list taken for a tuple, a freed tuple.)
+    """
+    env = {k: v for k, v in os.environ.items() if k != "INFERWIRE_PURE_PYTHON"}
+    result = subprocess.run(
+        [sys.executable, "-c", _REBINDING_KEY, key], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["True", "[True]"], result.stdout
