@@ -81,35 +81,53 @@ def bench_generator_capacity(benchmark: Any, rate: float, concurrency: int | Non
     assert point["requests_failed"] == 0, point["errors"]
 
 
-def bench_load_tcp(benchmark: Any) -> None:
-    """A short open-loop run against ``inferwire serve --transport tcp`` (no pacing): the whole
-    JSON summary of the point lands in ``extra_info``."""
+LOAD_RATE_RPS = 20.0
+LOAD_PREFILL_MS = 20.0
+LOAD_DECODE_MS = 2.0
+LOAD_SLO = metrics.Slo(ttft_ms=100.0, tpot_ms=5.0)
+
+
+@pytest.mark.parametrize("transport", it.TRANSPORTS)
+def bench_load(benchmark: Any, transport: str) -> None:
+    """An open-loop run against ``inferwire serve`` with a paced service (prefill 20 ms, 2 ms
+    per token, ``stream-256``: about half a second per request) at 20 requests/s, Poisson:
+    TTFT, TPOT, ITL and E2E percentiles, goodput under the SLOs, CPU per 1,000 tokens. The
+    whole JSON summary of the point lands in ``extra_info``."""
     spec = openloop.LoadSpec(
-        workload="stream-256", duration_s=0.5 if benchmark.disabled else 3.0, seed=1
+        workload="stream-256",
+        duration_s=0.5 if benchmark.disabled else 5.0,
+        seed=1,
+        slo=LOAD_SLO,
     )
     benchmark.group = "load end to end"
-    with servers.serve("tcp", "orjson") as server:
+    options = ("--prefill-ms", str(LOAD_PREFILL_MS), "--decode-ms", str(LOAD_DECODE_MS))
+    with servers.serve(transport, "orjson", *options) as server:
         assert server.process is not None
         pid = server.process.pid
 
         async def go() -> dict[str, Any]:
-            target = openloop.open_target("tcp", server.address, "orjson")
+            target = openloop.open_target(transport, server.address, "orjson")
             try:
                 await openloop.warm_up(target, spec.request(), 8)
-                return await openloop.run_point(target, spec, rate_rps=100.0, server_pid=pid)
+                return await openloop.run_point(
+                    target, spec, rate_rps=LOAD_RATE_RPS, server_pid=pid
+                )
             finally:
                 await target.close()
 
         def run() -> dict[str, Any]:
-            factory = openloop.event_loop_factory(precise=openloop.select_is_safe("tcp", [None]))
-            with asyncio.Runner(loop_factory=factory) as runner:
-                return runner.run(go())
+            precise = openloop.select_is_safe(transport, [None])
+            with asyncio.Runner(loop_factory=openloop.event_loop_factory(precise=precise)) as r:
+                return r.run(go())
 
         point = benchmark.pedantic(run, rounds=1, iterations=1)
     benchmark.extra_info.update(
-        transport="tcp",
+        transport=transport,
         codec="orjson",
+        op="load",
         workload=spec.workload,
+        prefill_ms=LOAD_PREFILL_MS,
+        decode_ms=LOAD_DECODE_MS,
         versions=metrics.versions(),
         **point,
     )
