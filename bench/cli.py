@@ -24,6 +24,8 @@ SUITES = (
     ("bench_transports.py", "transports.json"),
     ("bench_connections.py", "connections.json"),
     ("bench_stages.py", "stages.json"),
+    ("bench_load.py", "load.json"),
+    ("bench_peers.py", "peers.json"),
 )
 
 

@@ -414,7 +414,7 @@ def render(
 
 
 def write(raw_path: Path, out_dir: Path) -> Path:
-    from . import claims, more_report
+    from . import claims, load_report, more_report
 
     results, raw = load(raw_path)
     raw_dir = raw_path.parent
@@ -422,10 +422,14 @@ def write(raw_path: Path, out_dir: Path) -> Path:
         raw_dir / transport_report.RAW_NAME
     )
     more_report.plot_stages(raw_dir, out_dir)
+    transport_targets += load_report.peer_target_rows(raw_dir)
+    transport_targets += load_report.capacity_target_row(raw_dir)
     sections = [
         transport_section,
         more_report.connection_setup(raw_dir)[1],
         more_report.stages(raw_dir)[1],
+        load_report.load_section(raw_dir),
+        load_report.peers_section(raw_dir),
         claims.section(results, raw_dir),
     ]
     target = out_dir / "README.md"
