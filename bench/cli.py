@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--max-time",
         type=float,
-        default=0.5,
+        default=0.3,
         help="seconds of rounds per benchmark (pytest-benchmark max-time)",
     )
     bench.add_argument("-k", dest="filter", help="only benchmarks matching this expression")
