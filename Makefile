@@ -26,14 +26,18 @@ venv: $(STAMP)
 .typecheck/inferwire: | $(STAMP)
 	mkdir -p .typecheck/inferwire
 	for d in codecs schemas transports bench; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
+	ln -sfn ../tests .typecheck/tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Run from inside the link tree: from the checkout's root, mypy would take the top-level
+# codecs/ folder for the standard library's codecs module and misread numpy's stubs.
 typecheck: $(STAMP) .typecheck/inferwire
-	$(BIN)/mypy -p inferwire.codecs -p inferwire.schemas -p inferwire.transports -p inferwire.bench
-	$(BIN)/mypy tests
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml \
+		-p inferwire.codecs -p inferwire.schemas -p inferwire.transports -p inferwire.bench
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml tests
 
 unit: $(STAMP)
 	$(PYTEST) tests

@@ -83,15 +83,15 @@ class Histogram:
     def flush(self) -> None:
         if not self._values_ns:
             return
-        values_ns = np.maximum(np.frombuffer(self._values_ns, np.int64), 0)  # none expected < 0
+        values_ns = np.frombuffer(self._values_ns, np.int64).clip(0, None)  # none expected < 0
         counts = np.frombuffer(self._counts, np.int64)
         if self._spread:
             values_ns = values_ns // counts
         self._sum_ns += int(np.dot(values_ns, counts))
         self._max_ns = max(self._max_ns, int(values_ns.max()))
-        values_us = np.minimum((values_ns + 500) // 1000, HIGHEST_US)  # nearest microsecond
+        values_us = ((values_ns + 500) // 1000).clip(None, HIGHEST_US)  # nearest microsecond
         # each value to the lowest of its HDR bucket (the same index): one record per bucket
-        shift = np.maximum(np.frexp(values_us)[1] - self._bucket_bits, 0)
+        shift = (np.frexp(values_us)[1] - self._bucket_bits).clip(0, None)
         distinct, where = np.unique((values_us >> shift) << shift, return_inverse=True)
         for value, count in zip(
             distinct.tolist(), np.bincount(where, weights=counts).tolist(), strict=True
