@@ -10,6 +10,16 @@ from typing import Any
 CONNECTIONS_RAW = "connections.json"
 STAGES_RAW = "stages.json"
 STAGE_NAMES = ("serialize", "write", "network", "parse")
+REQUEST_STAGE_NAMES = (
+    "client serialize",
+    "network to server",
+    "server parse",
+    "service",
+    "server serialize",
+    "write",
+    "network back",
+    "client parse",
+)
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
@@ -119,6 +129,16 @@ def stages(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
             + [f"{us[name]:,.1f} us" for name in (*STAGE_NAMES, "end_to_end")]
             + [f"{(us['serialize'] + us['parse']) / us['end_to_end']:.0%}"]
         )
+    request_rows = []
+    for r in results:
+        if r["op"] != "stages" or not r.get("request_stages_us"):
+            continue
+        us = r["request_stages_us"]
+        request_rows.append(
+            [f"`{r['transport']}`", f"`{r['codec']}`"]
+            + [f"{us[name]:,.1f}" for name in REQUEST_STAGE_NAMES]
+            + [f"{sum(us.values()):,.1f}"]
+        )
     wan = {(r["transport"], r["path"], r["pattern"]): r for r in results if r["op"] == "wan-share"}
     wan_rows = []
     for (transport, path, pattern), proxied in sorted(wan.items()):
@@ -167,6 +187,19 @@ def stages(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
                 stage_rows,
             ),
             "",
+            "### One request, to its first token",
+            "",
+            "The same runs, the request's own path in microseconds: the client encodes and "
+            "writes it, the server has it whole and parses it, the service produces the first "
+            "chunk (no prefill here), and that chunk goes back. Times on one host and one "
+            "monotonic clock; gRPC serializes and sends in the background, so for gRPC "
+            "*client serialize* is only building the message and *network to server* "
+            "includes the rest.",
+            "",
+            "![request stages](plots/request_stages.png)",
+            "",
+            _table(["transport", "codec", *REQUEST_STAGE_NAMES, "total"], request_rows),
+            "",
             "### What the network adds (WAN-delay proxy)",
             "",
             f"{wan_first.get('tokens', '?')} tokens at {wan_first.get('compute_ms_per_token', '?')}"
@@ -185,31 +218,55 @@ def stages(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
     return results, text
 
 
-def plot_stages(raw_dir: Path, out_dir: Path) -> Path | None:
-    """A stacked bar per transport x codec of the per-chunk stages (PNG)."""
-    results = [r for r in _load(raw_dir / STAGES_RAW) if r["op"] == "stages"]
-    if not results:
-        return None
+def _stacked(
+    results: list[dict[str, Any]], key: str, names: tuple[str, ...], title: str, path: Path
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = [f"{r['transport']}\n{r['codec']}" for r in results]
-    fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.8), 4))
+    fig, ax = plt.subplots(figsize=(max(6, len(results) * 0.8), 4.5))
     bottom = [0.0] * len(results)
-    for name in STAGE_NAMES:
-        values = [max(0.0, r["stages_us"][name]) for r in results]
+    for name in names:
+        values = [max(0.0, r[key].get(name, 0.0)) for r in results]
         ax.bar(labels, values, bottom=bottom, label=name)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set_ylabel("microseconds per chunk (median)")
-    ax.set_title("Where a streamed token's time goes")
-    ax.legend()
+    ax.set_ylabel("microseconds (median)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
     ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
-    plots = out_dir / "plots"
-    plots.mkdir(parents=True, exist_ok=True)
-    path = plots / "stages.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_stages(raw_dir: Path, out_dir: Path) -> list[Path]:
+    """Stacked bars per transport x codec: a chunk's stages, and a request's (PNG)."""
+    results = [r for r in _load(raw_dir / STAGES_RAW) if r["op"] == "stages"]
+    if not results:
+        return []
+    paths = [
+        _stacked(
+            results,
+            "stages_us",
+            STAGE_NAMES,
+            "Where a streamed token's time goes (per chunk)",
+            out_dir / "plots" / "stages.png",
+        )
+    ]
+    with_request = [r for r in results if r.get("request_stages_us")]
+    if with_request:
+        paths.append(
+            _stacked(
+                with_request,
+                "request_stages_us",
+                REQUEST_STAGE_NAMES,
+                "One request to its first token",
+                out_dir / "plots" / "request_stages.png",
+            )
+        )
+    return paths

@@ -155,6 +155,7 @@ class GrpcServer(Server):
     async def _generate(
         self, data: bytes, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
+        received_ns = now_ns()
         if ic.TokenChunk not in self.codec.types:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -168,7 +169,8 @@ class GrpcServer(Server):
             async for message in self._stream(request):
                 yield message
             return
-        stamps = ServerStamps()
+        stamps = ServerStamps(received_ns)
+        stamps.parsed()
         async for message in self._stream(request, stamps):
             yield message
             stamps.written()  # grpc took the message: the nearest to "written" it tells
@@ -331,10 +333,11 @@ class GrpcClient(Client):
     async def generate(
         self, request: GenerateRequest, *, timing: StreamTiming | None = None
     ) -> AsyncIterator[ic.TokenChunk]:
+        if timing is not None:
+            timing.request_start_ns = now_ns()
         message = _request_to_pb(request)
         if timing is not None:
             message.timing = True
-            timing.request_sent_ns = now_ns()
         count = 0
         if self.native:
             call: Any = self._stub.Generate(message, timeout=self.deadline_s)
@@ -351,6 +354,9 @@ class GrpcClient(Client):
                 decoder = None
                 decode = self.codec.decode
                 convert = lambda m: [decode(m, ic.TokenChunk)]  # noqa: E731
+        if timing is not None:
+            # grpc serializes and sends in the background: the call is started by now
+            timing.request_sent_ns = now_ns()
         done = False
         try:
             async for data in call:
@@ -378,7 +384,7 @@ class GrpcClient(Client):
                 packed = trailing.get(TRAILER_BIN)
                 if not isinstance(packed, bytes):
                     raise ProtocolError("grpc Generate: the timed stream has no timing trailer")
-                timing.server = unpack(packed)
+                timing.set_server(unpack(packed))
             done = True
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, "Generate", count) from exc

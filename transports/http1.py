@@ -56,6 +56,7 @@ class _Request:
     headers: dict[str, str]
     body: bytes
     keep_alive: bool
+    received_ns: int
 
 
 class _RequestReader:
@@ -117,6 +118,7 @@ class _RequestReader:
                 self.headers,
                 b"".join(self.body),
                 self.parser.should_keep_alive(),
+                now_ns(),
             )
         )
 
@@ -181,7 +183,11 @@ class Http1Server(Server):
                     return
                 request = requests.done.pop(0)
                 response = self.app.handle(
-                    request.method, request.url.decode("latin-1"), request.headers, request.body
+                    request.method,
+                    request.url.decode("latin-1"),
+                    request.headers,
+                    request.body,
+                    request.received_ns,
                 )
                 if not await self._write(writer, response, request.keep_alive):
                     return
@@ -341,7 +347,12 @@ class Http1Client(Client):
             await aclose_quietly(conn.writer)
 
     async def _send(
-        self, path: str, content_type: str, accept: str, body: bytes
+        self,
+        path: str,
+        content_type: str,
+        accept: str,
+        body: bytes,
+        timing: StreamTiming | None = None,
     ) -> tuple[_Connection, int]:
         """Send a request and read up to the end of the response's headers."""
         if len(body) > self.limits.max_message_bytes:
@@ -357,6 +368,8 @@ class Http1Client(Client):
             )
             conn.writer.write(body)
             await conn.writer.drain()
+            if timing is not None:
+                timing.request_sent_ns = now_ns()
             conn.response.start()
             while not conn.response.headers_done:
                 if not await conn.receive(self.limits.timeout_s):
@@ -410,10 +423,10 @@ class Http1Client(Client):
         obj = {**request.to_json_obj(), "stream": True}
         if timing is not None:
             obj["timing"] = True
-            timing.request_sent_ns = now_ns()
+            timing.request_start_ns = now_ns()
         body = orjson.dumps(obj)
         conn, status = await self._send(
-            "/v1/chat/completions", "application/json", self.codec.stream_media_type, body
+            "/v1/chat/completions", "application/json", self.codec.stream_media_type, body, timing
         )
         if status != 200:
             await self._fail(conn, status)
@@ -454,7 +467,7 @@ class Http1Client(Client):
                 trailer = conn.response.trailers.get(TRAILER)
                 if trailer is None:
                     raise ProtocolError("http1: the timed stream has no timing trailer")
-                timing.server = unpack_text(trailer)
+                timing.set_server(unpack_text(trailer))
             ok = True
         finally:
             await self._release(conn, ok)

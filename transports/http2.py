@@ -271,7 +271,7 @@ class _H2ServerProtocol(asyncio.Protocol):
         h = stream.headers
         try:
             response = self.server.app.handle(
-                h.get(":method", ""), h.get(":path", ""), h, b"".join(stream.body)
+                h.get(":method", ""), h.get(":path", ""), h, b"".join(stream.body), now_ns()
             )
         except Exception:
             _log.exception("http2: stream %d failed", stream_id)
@@ -673,12 +673,19 @@ class Http2Client(Client):
                 protocol.flush()
 
     async def _start(
-        self, path: str, content_type: str, accept: str, body: bytes
+        self,
+        path: str,
+        content_type: str,
+        accept: str,
+        body: bytes,
+        timing: StreamTiming | None = None,
     ) -> tuple[_H2ClientProtocol, int, _ClientStream, int]:
         """Open a stream and read its response headers; a stream the server's GOAWAY says it
         never processed is sent once more, on a new connection (RFC 9113 6.8)."""
         for attempt in (1, 2):
             protocol, stream_id, stream = await self._open(path, content_type, accept, body)
+            if timing is not None:
+                timing.request_sent_ns = now_ns()
             try:
                 return protocol, stream_id, stream, await self._headers(stream)
             except _NotProcessedError:
@@ -713,10 +720,10 @@ class Http2Client(Client):
         obj = {**request.to_json_obj(), "stream": True}
         if timing is not None:
             obj["timing"] = True
-            timing.request_sent_ns = now_ns()
+            timing.request_start_ns = now_ns()
         body = orjson.dumps(obj)
         protocol, stream_id, stream, status = await self._start(
-            "/v1/chat/completions", "application/json", self.codec.stream_media_type, body
+            "/v1/chat/completions", "application/json", self.codec.stream_media_type, body, timing
         )
         count = 0
         try:
@@ -760,7 +767,7 @@ class Http2Client(Client):
                 trailer = stream.trailers.get(TRAILER)
                 if trailer is None:
                     raise ProtocolError("http2: the timed stream has no timing trailer")
-                timing.server = unpack_text(trailer)
+                timing.set_server(unpack_text(trailer))
         finally:
             self._finish(protocol, stream_id, stream)
 

@@ -75,13 +75,21 @@ class HttpApp:
         self.registry = registry
         self.sse = codec.stream_media_type == "text/event-stream"
 
-    def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Response:
-        """The answer to one request; ``headers`` has lower-case names."""
+    def handle(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        received_ns: int = 0,
+    ) -> Response:
+        """The answer to one request; ``headers`` has lower-case names. ``received_ns``: when
+        the whole request had arrived (for a timed stream's stamps)."""
         path = path.split("?", 1)[0]
         if path == "/v1/chat/completions":
             if method != "POST":
                 return error(405, "use POST")
-            return self._generate(headers, body)
+            return self._generate(headers, body, received_ns)
         match = _INFER_PATH.fullmatch(path)
         if match:
             if method != "POST":
@@ -102,7 +110,7 @@ class HttpApp:
             return Response(200, _JSON, orjson.dumps(self.registry.versions(subject)))
         return error(404, f"no route {path}", "not_found")
 
-    def _generate(self, headers: Mapping[str, str], body: bytes) -> Response:
+    def _generate(self, headers: Mapping[str, str], body: bytes, received_ns: int) -> Response:
         if ic.TokenChunk not in self.codec.types:
             return error(406, f"codec {self.codec.name!r} does not carry token streams")
         if _media(headers.get("content-type", _JSON)) != _JSON:
@@ -120,7 +128,10 @@ class HttpApp:
             self.service.chunks(request)  # refuse a bad request before the stream starts
         except (orjson.JSONDecodeError, BadRequestError) as exc:
             return error(400, str(exc))
-        stamps = ServerStamps() if request.timing else None
+        stamps = None
+        if request.timing:
+            stamps = ServerStamps(received_ns)
+            stamps.parsed()
         return Response(200, mine, stream=self._frames(request, stamps), stamps=stamps)
 
     async def _frames(

@@ -90,6 +90,7 @@ class TcpServer(Server):
             return False
         async with asyncio.timeout(self.limits.timeout_s):
             body = await reader.readexactly(length)
+        received_ns = now_ns()
         if op == OP_GENERATE:
             if ic.TokenChunk not in self.codec.types:
                 await _answer_error(writer, 406, f"codec {self.codec.name!r} has no streams")
@@ -103,7 +104,9 @@ class TcpServer(Server):
             writer.write(OK)
             encoder = self.codec.stream_encoder()
             if request.timing:
-                await self._timed_stream(request, writer)
+                stamps = ServerStamps(received_ns)
+                stamps.parsed()
+                await self._timed_stream(request, writer, stamps)
                 return True
             encode = encoder.encode
             # one write per batch of due chunks: see SimulatedService.batches
@@ -129,9 +132,10 @@ class TcpServer(Server):
         await _answer_error(writer, 400, f"unknown operation {op!r}")
         return False
 
-    async def _timed_stream(self, request: GenerateRequest, writer: asyncio.StreamWriter) -> None:
+    async def _timed_stream(
+        self, request: GenerateRequest, writer: asyncio.StreamWriter, stamps: ServerStamps
+    ) -> None:
         encoder = self.codec.stream_encoder()
-        stamps = ServerStamps()
         async with contextlib.aclosing(self.service.batches(request)) as batches:
             async for batch in batches:
                 parts = []
@@ -190,13 +194,17 @@ class TcpClient(Client):
             await aclose_quietly(self._conn[1])
             self._conn = None
 
-    async def _send(self, op: bytes, body: bytes) -> asyncio.StreamReader:
+    async def _send(
+        self, op: bytes, body: bytes, timing: StreamTiming | None = None
+    ) -> asyncio.StreamReader:
         if len(body) > self.limits.max_message_bytes:
             raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
         reader, writer = await self._connection()
         with mapped("tcp send"):
             _write(writer, _HEAD.pack(op, len(body)), body)
             await writer.drain()
+            if timing is not None:
+                timing.request_sent_ns = now_ns()
             status = await reader.readexactly(1)
             if status == ERROR:
                 (length,) = _LEN.unpack(await reader.readexactly(4))
@@ -270,14 +278,14 @@ class TcpClient(Client):
     async def _timed_generate(
         self, request: GenerateRequest, timing: StreamTiming
     ) -> AsyncIterator[ic.TokenChunk]:
-        body = orjson.dumps({**request.to_json_obj(), "timing": True})
         limit = self.limits.max_message_bytes
         async with self._lock:
             done = False
             count = 0
             try:
-                timing.request_sent_ns = now_ns()
-                reader = await self._send(OP_GENERATE, body)
+                timing.request_start_ns = now_ns()
+                body = orjson.dumps({**request.to_json_obj(), "timing": True})
+                reader = await self._send(OP_GENERATE, body, timing)
                 decoder = self.codec.stream_decoder(max_frame_bytes=limit)
                 while True:
                     async with asyncio.timeout(self.limits.timeout_s):
@@ -305,7 +313,7 @@ class TcpClient(Client):
                 with mapped("tcp stream"):
                     decoder.close()
                     (length,) = _LEN.unpack(await reader.readexactly(4))
-                    timing.server = unpack(await reader.readexactly(min(length, limit)))
+                    timing.set_server(unpack(await reader.readexactly(min(length, limit))))
                 done = True
             finally:
                 if not done:

@@ -42,7 +42,39 @@ class StreamTiming:
     server: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.uint64))
     received_ns: list[int] = field(default_factory=list)
     decoded_ns: list[int] = field(default_factory=list)
+    request_start_ns: int = 0
+    """Before the client encoded its request."""
     request_sent_ns: int = 0
+    """After the client wrote its request."""
+    server_request_ns: tuple[int, int] = (0, 0)
+    """When the server had the whole request, and when it had parsed it."""
+
+    def set_server(self, rows: np.ndarray) -> None:
+        """The trailer's rows: the request's (received, parsed, 0), then one per chunk."""
+        if len(rows) == 0:
+            raise ProtocolError("timing trailer without the request's stamps")
+        self.server_request_ns = (int(rows[0][0]), int(rows[0][1]))
+        self.server = rows[1:]
+
+    def request_stages_ns(self) -> dict[str, int]:
+        """One request, from the client's encode to its first chunk decoded: ``client
+        serialize``, ``network to server``, ``server parse``, ``service`` (parsed to the first
+        chunk produced: prefill, on the simulated service), ``server serialize``, ``write``,
+        ``network back``, ``client parse``. Empty if a stamp is missing."""
+        received, parsed = self.server_request_ns
+        if not (self.request_start_ns and received and len(self.server) and self.decoded_ns):
+            return {}
+        produced, encoded, written = (int(v) for v in self.server[0])
+        return {
+            "client serialize": self.request_sent_ns - self.request_start_ns,
+            "network to server": received - self.request_sent_ns,
+            "server parse": parsed - received,
+            "service": produced - parsed,
+            "server serialize": encoded - produced,
+            "write": written - encoded,
+            "network back": self.received_ns[0] - written,
+            "client parse": self.decoded_ns[0] - self.received_ns[0],
+        }
 
     def stages_ns(self) -> dict[str, np.ndarray]:
         """Per chunk: ``serialize`` (server encode), ``write`` (until the write returned),
@@ -67,11 +99,16 @@ class ServerStamps:
     """What a server records while it sends one timed stream: the sender calls
     :meth:`encoded` when a chunk's bytes are ready and :meth:`written` once they are written."""
 
-    __slots__ = ("_pending", "rows")
+    __slots__ = ("_pending", "request_ns", "rows")
 
-    def __init__(self) -> None:
+    def __init__(self, received_ns: int = 0) -> None:
         self.rows: list[tuple[int, int, int]] = []
         self._pending: list[tuple[int, int]] = []
+        self.request_ns = (received_ns, 0)
+
+    def parsed(self) -> None:
+        """The request was parsed (now); ``received_ns`` was when it had arrived whole."""
+        self.request_ns = (self.request_ns[0] or now_ns(), now_ns())
 
     def encoded(self, produced_ns: int, encoded_ns: int) -> None:
         self._pending.append((produced_ns, encoded_ns))
@@ -86,7 +123,8 @@ class ServerStamps:
             self._pending = []
 
     def pack(self) -> bytes:
-        return np.asarray(self.rows, dtype="<u8").reshape(-1, 3).tobytes()
+        request = (self.request_ns[0], self.request_ns[1], 0)
+        return np.asarray([request, *self.rows], dtype="<u8").reshape(-1, 3).tobytes()
 
     def pack_text(self) -> str:
         return base64.b64encode(self.pack()).decode("ascii")
