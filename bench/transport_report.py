@@ -105,6 +105,16 @@ def section(results: list[TransportResult]) -> str:
         "`stream-256` response, shown per token. *vs tcp*: the paired ratio against the `tcp` "
         "floor with the same codec (back-to-back runs in alternating order).",
         "",
+        "Notes. With no pacing the model outruns the wire: `tcp`, `http1` and `http2` write "
+        "every chunk that is due in one write (one HTTP/2 DATA frame), while `grpc` sends one "
+        "message per chunk, as a server-streaming RPC of `TokenChunk` does; each gRPC message "
+        "costs a trip through grpcio's completion queue and the event loop on both ends "
+        "(cProfile: about four loop callbacks per message), which is what bounds its per-token "
+        "figure. A small unary call over `http2` pays h2's pure-Python HEADERS path on both "
+        "ends (HPACK encode and decode, header validation, the stream state machine: most of "
+        "the difference in a profile), and over `grpc` the per-call setup of grpcio's asyncio "
+        "API.",
+        "",
     ]
     for op, title in (("stream", "Streaming, per token"), ("unary", "Unary round trip")):
         rows = [
