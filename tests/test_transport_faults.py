@@ -551,6 +551,7 @@ def test_oversized_request_is_refused_and_server_keeps_serving(transport: str) -
                 else:
                     assert isinstance(error, it.RemoteError), repr(error)
                     assert "limit" in error.detail
+                    assert error.status == 413  # the error body's code, not a blanket 400
                 small = infer_request()
                 async with asyncio.timeout(BOUND_S):
                     response = await client.infer(small)

@@ -153,6 +153,15 @@ class TcpServer(Server):
         await writer.drain()
 
 
+def _error_status(body: bytes) -> int:
+    """The HTTP-style status an error body carries (``{"error": {"code": 413}}``), else 500."""
+    try:
+        code = orjson.loads(body)["error"]["code"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return 500
+    return code if isinstance(code, int) and 400 <= code < 600 else 500
+
+
 def _write(writer: asyncio.StreamWriter, head: bytes, body: bytes) -> None:
     """One write (one segment) for a small message; a large body is not copied to join it."""
     if len(body) < _JOIN_BELOW:
@@ -208,9 +217,9 @@ class TcpClient(Client):
             status = await reader.readexactly(1)
             if status == ERROR:
                 (length,) = _LEN.unpack(await reader.readexactly(4))
-                detail = error_detail(await reader.readexactly(min(length, 1 << 16)))
+                body = await reader.readexactly(min(length, 1 << 16))
                 await self._drop()
-                raise RemoteError(400 if length else 500, detail)
+                raise RemoteError(_error_status(body), error_detail(body))
         if status != OK:
             await self._drop()
             raise ProtocolError(f"tcp: bad status byte {status!r}")
