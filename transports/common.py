@@ -27,11 +27,17 @@ once (the connection-setup benchmark does)."""
 DEFAULT_TIMEOUT_S: Final = 30.0
 """Per read and per connect: generous, because a loaded 2-core machine can stall for seconds."""
 
+DEFAULT_HEADER_TIMEOUT_S: Final = 10.0
+"""A whole HTTP/1.1 request head, from its first byte: a total, not per read, so a client that
+sends a byte a second (slowloris) is cut off (Apache's mod_reqtimeout allows 20-40 s, nginx's
+client_header_timeout 60 s per read; ours is shorter because a head is a few hundred bytes)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     timeout_s: float = DEFAULT_TIMEOUT_S
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
 
 
 DEFAULT_LIMITS: Final = Limits()

@@ -427,11 +427,31 @@ class GrpcSession:
             await self._call.done_writing()
         self._call.cancel()
 
+    async def _write(self, message: bytes) -> None:
+        try:
+            await self._call.write(message)
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, "Session") from exc
+        except (asyncio.CancelledError, asyncio.InvalidStateError) as exc:
+            # grpc's word for a call that has ended (closed, cancelled) under the writer
+            if isinstance(exc, asyncio.CancelledError) and _task_cancelled():
+                raise
+            raise ProtocolError("grpc Session: the session has ended") from exc
+
     async def _read(self, what: str, count: int = 0) -> bytes:
         try:
             data = await self._call.read()
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, what, count) from exc
+        except asyncio.CancelledError as exc:
+            # the call was cancelled under the reader (the session closed): a truncated
+            # stream, as for Generate; only our own task's cancellation is re-raised
+            if _task_cancelled():
+                raise
+            raise StreamTruncatedError(
+                f"grpc {what}: the session was cancelled after {count} chunks",
+                chunks_received=count,
+            ) from exc
         if data is grpc.aio.EOF:
             raise StreamTruncatedError(f"grpc {what}: session ended", chunks_received=count)
         return bytes(data)
@@ -443,11 +463,11 @@ class GrpcSession:
             message = _request_to_pb(request)
             native = self.client.native
             if native:
-                await self._call.write(
+                await self._write(
                     pb.SessionRequest(request_id=request_id, generate=message).SerializeToString()
                 )
             else:
-                await self._call.write(b"G" + _ID.pack(request_id) + message.SerializeToString())
+                await self._write(b"G" + _ID.pack(request_id) + message.SerializeToString())
             decoder = codec.stream_decoder() if _stateful(codec) else None
             count = 0
             while True:

@@ -4,7 +4,9 @@ Why httptools: it binds llhttp, Node.js's parser, the one uvicorn uses: maintain
 and strict where request smuggling lives (Content-Length with Transfer-Encoding, a duplicate
 Content-Length, bad chunk sizes are all parse errors). h11 would be the sans-IO choice, but it
 parses in Python, which on this machine costs more than the rest of a small request together.
-What llhttp leaves to its user, this module does: header and body size limits, and timeouts.
+What llhttp leaves to its user, this module does: header and body size limits, timeouts (a
+whole head within ``Limits.header_timeout_s``), refusing transfer codings other than chunked,
+and a lingering close after a refusal so that the client reads it.
 
 Responses are written by hand: a status line and a few headers. A stream is sent with chunked
 transfer encoding, one chunk per codec frame (SSE events for the JSON codecs); a stream that
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -45,6 +48,11 @@ MAX_HEADER_BYTES: Final = 16 * 1024
 4 x 8 KiB, Node's default 16 KiB)."""
 KEEPALIVE_TIMEOUT_S: Final = 75.0
 """How long an idle connection is kept (nginx's keepalive_timeout)."""
+LINGER_S: Final = 2.0
+"""After a refusal, how long the rest of the request is read and dropped before closing
+(nginx's lingering_time, 30 s, shortened: only what was already in flight matters)."""
+LINGER_IDLE_S: Final = 0.5
+"""... and how long with nothing arriving (nginx's lingering_timeout, 5 s)."""
 _log = logging.getLogger(__name__)
 _READ_BYTES: Final = 256 * 1024
 
@@ -61,14 +69,21 @@ class _Request:
 
 class _RequestReader:
     """httptools callbacks: collects complete requests; over a limit it records the status
-    to answer with instead of raising (an exception in a callback is re-wrapped by httptools)."""
+    to answer with instead of raising (an exception in a callback is re-wrapped by httptools).
+
+    A refused message is never added to ``done``, and nothing after it is parsed: the requests
+    before it are answered first, then the refusal, then the connection closes."""
 
     def __init__(self, max_body_bytes: int) -> None:
         self.parser = httptools.HttpRequestParser(self)
         self.max_body_bytes = max_body_bytes
         self.done: list[_Request] = []
         self.refused: int | None = None
+        self.refusal = ""
         self.in_message = False
+        self.in_head = False
+        self.head_started_s = 0.0
+        self.heads_completed = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -76,41 +91,87 @@ class _RequestReader:
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
         self.header_bytes = 0
+        self.head_read_bytes = 0
         self.body_bytes = 0
+
+    def refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` in place of the message being parsed (the first refusal wins)."""
+        if self.refused is None:
+            self.refused = status
+            self.refusal = message
+
+    def feed(self, data: bytes) -> None:
+        """Parse ``data``; a parse error becomes a refusal (400, or 501 for a transfer coding
+        or an upgrade this server does not implement)."""
+        if self.refused is not None:
+            return
+        head_before, in_head_before = self.heads_completed, self.in_head
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.refuse(501, "upgrade is not supported")
+        except httptools.HttpParserError as exc:
+            # a request carrying both Content-Length and Transfer-Encoding is malformed
+            # (RFC 9112 6.3): 400; a transfer coding we do not know: 501 (6.1)
+            text = str(exc)
+            status = 501 if "Transfer-Encoding" in text and "Length" not in text else 400
+            self.refuse(status, f"bad request: {exc}")
+        # httptools buffers a header line until it ends, so the head is also bounded here, by
+        # the bytes of whole reads that fell inside it (a head that never ends is refused after
+        # at most MAX_HEADER_BYTES + one read)
+        if self.in_head and in_head_before and self.heads_completed == head_before:
+            self.head_read_bytes += len(data)
+            if self.head_read_bytes > MAX_HEADER_BYTES:
+                self.refuse(431, "headers too large")
 
     def on_message_begin(self) -> None:
         self.in_message = True
+        self.in_head = True
+        self.head_started_s = time.monotonic()
         self._reset()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
         self.header_bytes += len(url)
         if self.header_bytes > MAX_HEADER_BYTES:
-            self.refused = 431 if self.refused is None else self.refused
+            self.refuse(431, "headers too large")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_bytes += len(name) + len(value) + 4
         if self.header_bytes > MAX_HEADER_BYTES:
-            self.refused = 431 if self.refused is None else self.refused
+            self.refuse(431, "headers too large")
             return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
 
     def on_headers_complete(self) -> None:
+        self.in_head = False
+        self.heads_completed += 1
+        coding = self.headers.get("transfer-encoding")
+        if coding is not None:
+            if self.parser.get_http_version() == "1.0":
+                # RFC 9112 6.1: Transfer-Encoding in HTTP/1.0 is faulty framing
+                self.refuse(400, "bad request: Transfer-Encoding in an HTTP/1.0 request")
+            elif coding.strip().lower() != "chunked":
+                # llhttp accepts any codings that end in chunked ("gzip, chunked"); we decode
+                # none of them, and a body read as if they were not there is altered data
+                self.refuse(501, f"transfer coding {coding!r} is not implemented")
         length = self.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            self.refused = 413 if self.refused is None else self.refused
+            self.refuse(413, "body too large")
 
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
         if self.body_bytes > self.max_body_bytes:
-            self.refused = 413 if self.refused is None else self.refused
+            self.refuse(413, "body too large")
         elif self.refused is None:
             self.body.append(body)
 
     def on_message_complete(self) -> None:
         self.in_message = False
+        if self.refused is not None:
+            return
         self.done.append(
             _Request(
                 self.parser.get_method().decode("latin-1"),
@@ -156,30 +217,21 @@ class Http1Server(Server):
         try:
             while True:
                 while not requests.done and requests.refused is None:
-                    # idle between requests: the keep-alive timeout; inside one: the read
-                    # timeout, from its first byte (a client sending a byte a second loses)
-                    timeout = self.limits.timeout_s if requests.in_message else KEEPALIVE_TIMEOUT_S
-                    async with asyncio.timeout(timeout):
-                        data = await reader.read(_READ_BYTES)
+                    try:
+                        async with asyncio.timeout(self._read_timeout_s(requests)):
+                            data = await reader.read(_READ_BYTES)
+                    except TimeoutError:
+                        if not requests.in_head:
+                            raise
+                        requests.refuse(408, "request head too slow")
+                        break
                     if not data:
                         return
-                    try:
-                        requests.parser.feed_data(data)
-                    except httptools.HttpParserUpgrade:
-                        await self._write(writer, error(501, "upgrade is not supported"), False)
-                        return
-                    except httptools.HttpParserError as exc:
-                        # 501 for a transfer coding we do not know; a request carrying both
-                        # Content-Length and Transfer-Encoding is malformed (RFC 9112 6.3): 400
-                        text = str(exc)
-                        status = (
-                            501 if "Transfer-Encoding" in text and "Length" not in text else 400
-                        )
-                        await self._write(writer, error(status, f"bad request: {exc}"), False)
-                        return
-                if requests.refused is not None:
-                    message = "headers too large" if requests.refused == 431 else "body too large"
-                    await self._write(writer, error(requests.refused, message), False)
+                    requests.feed(data)
+                if not requests.done:
+                    assert requests.refused is not None
+                    refusal = error(requests.refused, requests.refusal)
+                    await self._write_last(reader, writer, refusal)
                     return
                 request = requests.done.pop(0)
                 response = self.app.handle(
@@ -199,6 +251,34 @@ class Http1Server(Server):
             _log.exception("http1: connection failed")
         finally:
             await aclose_quietly(writer)
+
+    def _read_timeout_s(self, requests: _RequestReader) -> float:
+        """Inside a head: what is left of ``header_timeout_s`` from its first byte (a total,
+        as a client sending a byte a second never trips a per-read timeout); inside a body:
+        ``timeout_s`` per read; between requests: the keep-alive timeout."""
+        if requests.in_head:
+            deadline_s = requests.head_started_s + self.limits.header_timeout_s
+            return max(deadline_s - time.monotonic(), 0.0)
+        return self.limits.timeout_s if requests.in_message else KEEPALIVE_TIMEOUT_S
+
+    async def _write_last(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, response: Response
+    ) -> None:
+        """Send a refusal, then close without losing it: bounded in time, as its client may
+        not be reading.
+
+        Closing with unread bytes in the receive buffer (the rest of a refused body or head)
+        makes the kernel send a reset, and a reset can destroy the answer before the client
+        reads it. So, as nginx's lingering close does, the write side is shut first and what
+        the client still sends is read and dropped, for a short while."""
+        async with asyncio.timeout(self.limits.timeout_s):
+            await self._write(writer, response, False)
+        if writer.can_write_eof():
+            writer.write_eof()
+        with contextlib.suppress(TimeoutError, OSError):
+            async with asyncio.timeout(LINGER_S):
+                while await asyncio.wait_for(reader.read(_READ_BYTES), LINGER_IDLE_S):
+                    pass
 
     async def _write(self, writer: asyncio.StreamWriter, response: Response, keep: bool) -> bool:
         """Send ``response``; False when the connection must close after it."""
