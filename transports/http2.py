@@ -597,6 +597,7 @@ class _H2ClientProtocol(asyncio.Protocol):
         self.writer: _Writer | None = None
         self.failure: Exception | None = None
         self.draining = False
+        self.lost = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -639,6 +640,7 @@ class _H2ClientProtocol(asyncio.Protocol):
             self.writer.closed = True
             self.writer.resume()
         self._fail_all(StreamTruncatedError(f"http2: connection lost ({exc!r})"))
+        self.lost.set()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -950,8 +952,17 @@ class Http2Client(Client):
 
     async def close(self) -> None:
         protocol, self._protocol = self._protocol, None
-        if protocol is not None and not protocol.transport.is_closing():
+        if protocol is None:
+            return
+        if not protocol.transport.is_closing():
             with contextlib.suppress(h2.exceptions.H2Error):
                 protocol.conn.close_connection()
                 protocol.flush()
             protocol.transport.close()
+        # wait for the close to finish: over TLS it is an exchange of close_notify, and a loop
+        # that stops first leaves the socket open (a ResourceWarning at garbage collection)
+        try:
+            async with asyncio.timeout(2.0):
+                await protocol.lost.wait()
+        except TimeoutError:
+            protocol.transport.abort()
