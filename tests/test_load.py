@@ -36,18 +36,10 @@ class StallingService(it.SimulatedService):
         self.stall_s = stall_s
         self.max_active = 0
 
-    async def generate(self, request: it.GenerateRequest) -> AsyncGenerator[ic.TokenChunk, None]:
-        if self.every and (self.streams_started + 1) % self.every == 0:
-            time.sleep(self.stall_s)  # blocking on purpose
-        async with contextlib.aclosing(super().generate(request)) as chunks:
-            async for chunk in chunks:
-                self.max_active = max(self.max_active, self.active_streams)
-                yield chunk
-
     async def batches(
         self, request: it.GenerateRequest, *, max_chunks: int = 32
     ) -> AsyncGenerator[list[ic.TokenChunk], None]:
-        # what the tcp and HTTP servers stream from
+        # every server streams from here (generate() too)
         if self.every and (self.streams_started + 1) % self.every == 0:
             time.sleep(self.stall_s)  # blocking on purpose
         async with contextlib.aclosing(super().batches(request, max_chunks=max_chunks)) as it_:

@@ -366,9 +366,7 @@ class GrpcClient(Client):
                 except ic.CodecError as exc:
                     raise ProtocolError(f"grpc Generate: {exc}") from exc
                 if timing is not None:
-                    decoded = now_ns()
-                    timing.received_ns += [received] * len(chunks)
-                    timing.decoded_ns += [decoded] * len(chunks)
+                    timing.decoded(len(chunks), received)
                 for chunk in chunks:
                     count += 1
                     yield chunk

@@ -524,9 +524,7 @@ class Http1Client(Client):
                     except ic.CodecError as exc:
                         raise ProtocolError(f"http1: {exc}") from exc
                     if timing is not None:
-                        decoded = now_ns()
-                        timing.received_ns += [received] * len(chunks)
-                        timing.decoded_ns += [decoded] * len(chunks)
+                        timing.decoded(len(chunks), received)
                     for chunk in chunks:
                         count += 1
                         yield chunk

@@ -921,9 +921,7 @@ class Http2Client(Client):
                     except ic.CodecError as exc:
                         raise ProtocolError(f"http2: {exc}") from exc
                     if timing is not None:
-                        decoded = now_ns()
-                        timing.received_ns += [received] * len(chunks)
-                        timing.decoded_ns += [decoded] * len(chunks)
+                        timing.decoded(len(chunks), received)
                     for chunk in chunks:
                         count += 1
                         yield chunk

@@ -15,6 +15,7 @@ how the payload was made.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
@@ -134,22 +135,12 @@ class SimulatedService:
         return chunks
 
     async def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenChunk, None]:
-        """The paced stream. Cancelling the consumer's task ends it (and its accounting)."""
-        chunks = self.chunks(request)
-        self.active_streams += 1
-        self.streams_started += 1
-        try:
-            start = time.monotonic()
-            due = start + self.prefill_s
-            for chunk in chunks:
-                if self.prefill_s or self.decode_s:
-                    delay = due - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    due += self.decode_s * max(1, len(chunk.token_ids))
-                yield chunk
-        finally:
-            self.active_streams -= 1
+        """The paced stream, one chunk at a time. Cancelling the consumer's task ends it (and
+        its accounting)."""
+        async with contextlib.aclosing(self.batches(request, max_chunks=1)) as batches:
+            async for batch in batches:
+                for chunk in batch:
+                    yield chunk
 
     async def batches(
         self, request: GenerateRequest, *, max_chunks: int = MAX_BATCH_CHUNKS

@@ -313,10 +313,8 @@ class TcpClient(Client):
                     received = now_ns()
                     with mapped("tcp stream"):
                         chunks = decoder.feed(data)
-                    decoded = now_ns()
+                    timing.decoded(len(chunks), received)
                     for chunk in chunks:
-                        timing.received_ns.append(received)
-                        timing.decoded_ns.append(decoded)
                         count += 1
                         yield chunk
                 with mapped("tcp stream"):

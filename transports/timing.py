@@ -49,6 +49,12 @@ class StreamTiming:
     server_request_ns: tuple[int, int] = (0, 0)
     """When the server had the whole request, and when it had parsed it."""
 
+    def decoded(self, count: int, received_ns: int) -> None:
+        """``count`` chunks, from bytes received at ``received_ns``, are decoded now."""
+        decoded_ns = now_ns()
+        self.received_ns += [received_ns] * count
+        self.decoded_ns += [decoded_ns] * count
+
     def set_server(self, rows: np.ndarray) -> None:
         """The trailer's rows: the request's (received, parsed, 0), then one per chunk."""
         if len(rows) == 0:
