@@ -13,7 +13,7 @@ all: test
 # pyproject.toml keeps the ranges a user's own install resolves against. The editable install
 # also compiles the delta codec's C extension in place (codecs/_delta_accel.*.so): an edited
 # source reinstalls, so no target runs a stale build.
-$(STAMP): pyproject.toml requirements/constraints.txt codecs/_delta_accel.c
+$(STAMP): pyproject.toml requirements/constraints.txt codecs/_delta_accel.c codecs/_scan.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -e '.[dev]'

@@ -40,6 +40,26 @@ class FrameTooLargeError(DecodeError):
         self.max_frame_bytes = max_frame_bytes
 
 
+class DepthLimitError(DecodeError):
+    """The input nests deeper than the codec's ``max_depth``: refused before it is built."""
+
+    def __init__(self, max_depth: int) -> None:
+        super().__init__(f"input nests deeper than the limit of {max_depth}")
+        self.max_depth = max_depth
+
+
+class ElementBudgetError(DecodeError):
+    """The input holds more elements than the codec's ``max_elements`` budget.
+
+    An element is any decoded value (a container, a scalar, a map key). Refused before the
+    objects are built: a megabyte of empty maps would otherwise become 70 MB of dicts.
+    """
+
+    def __init__(self, max_elements: int) -> None:
+        super().__init__(f"input holds more than the budget of {max_elements} elements")
+        self.max_elements = max_elements
+
+
 class IncompleteStreamError(DecodeError):
     """A stream ended mid-frame or without its end marker: it must not be taken as complete."""
 
