@@ -4,7 +4,9 @@ For every codec three levels are timed on the same message:
 
 - ``codec``: ``codec.encode(m)`` / ``codec.decode(b, T)``, the public API;
 - ``direct``: the same conversion and library call, written out with no API layer (no registry,
-  no type dispatch, no error translation): the wrapper's own cost is ``codec / direct``;
+  no type dispatch, no error translation): the wrapper's own cost is ``codec / direct``. The
+  hostile-input limits are work, not API: input long enough to need the scan is scanned here
+  too, and the stdlib json level checks its logprobs are finite as its codec does;
 - ``library``: the library's call alone on data already in its native form (the prepared dict,
   a prebuilt protobuf message or Struct, the bytes to parse): what is left if conversion from
   and to the model values were free. ``library / codec`` is the library's share of the work.
@@ -21,6 +23,8 @@ import numpy as np
 import orjson
 
 from inferwire.codecs import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_ELEMENTS,
     EmbeddingBatch,
     InferRequest,
     InferResponse,
@@ -29,6 +33,7 @@ from inferwire.codecs import (
     json_codec,
     msgspec_codec,
     protobuf_codec,
+    scan,
     tensor_codec,
 )
 from inferwire.codecs import flatbuffers_codec as fbc
@@ -62,12 +67,29 @@ class Baseline:
     """Whether the library level's output is the codec's encoding (or its payload part)."""
 
 
+def _scanned(parse: Callable[[bytes], Any], binary: bool) -> Callable[[bytes], Any]:
+    """``parse`` behind the same limit scan the codecs run (see ``DictCodec``)."""
+    check = scan.check_msgpack if binary else scan.check_json
+    above = min(DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_DEPTH if binary else 2 * DEFAULT_MAX_DEPTH)
+
+    def scanned(data: bytes) -> Any:
+        if len(data) > above:
+            check(data, DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS)
+        return parse(data)
+
+    return scanned
+
+
 def _dict_baseline(
-    dumps: Callable[[Any], bytes], loads: Callable[[bytes], Any], binary: bool
+    dumps: Callable[[Any], bytes],
+    loads: Callable[[bytes], Any],
+    binary: bool,
+    from_obj: dict[type[Any], Callable[[Any, bool], Any]] = _FROM_OBJ,
 ) -> Baseline:
+    guarded = _scanned(loads, binary)
     return Baseline(
         direct_encode=lambda m: dumps(_TO_OBJ[type(m)](m, binary)),
-        direct_decode=lambda b, t: _FROM_OBJ[t](loads(b), binary),
+        direct_decode=lambda b, t: from_obj[t](guarded(b), binary),
         prepare=lambda m: _TO_OBJ[type(m)](m, binary),
         library_encode=dumps,
         library_decode=lambda b, t: loads(b),
@@ -79,9 +101,10 @@ def _msgspec_baseline(codec: msgspec_codec._MsgspecCodec) -> Baseline:
     decoders = codec._decoders
     to_struct = codec._to_struct
     from_struct = codec._from_struct
+    guarded = {t: _scanned(d.decode, codec.binary) for t, d in decoders.items()}
     return Baseline(
         direct_encode=lambda m: encoder(to_struct[type(m)](m)),
-        direct_decode=lambda b, t: from_struct[t][1](decoders[t].decode(b)),
+        direct_decode=lambda b, t: from_struct[t][1](guarded[t](b)),
         prepare=lambda m: to_struct[type(m)](m),
         library_encode=encoder,
         library_decode=lambda b, t: decoders[t].decode(b),
@@ -98,7 +121,12 @@ def _fb_library_decode(data: bytes, type_: type[Any]) -> Any:
 
 
 BASELINES: dict[str, Baseline] = {
-    "json": _dict_baseline(json_codec.dumps, json_codec.loads, False),
+    "json": _dict_baseline(
+        json_codec.dumps,
+        json_codec.loads,
+        False,
+        {**_FROM_OBJ, TokenChunk: lambda o, binary: oa.chunk_from_obj(o, oa.finite_float)},
+    ),
     "orjson": _dict_baseline(orjson.dumps, orjson.loads, False),
     "msgpack": _dict_baseline(
         lambda o: msgpack.packb(o, use_bin_type=True),

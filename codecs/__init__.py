@@ -16,13 +16,15 @@ import importlib
 from collections.abc import Callable
 from typing import Any, Final
 
-from .base import Codec
+from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, Codec
 from .errors import (
     BadMagicError,
     CodecError,
     CorruptRegistryError,
     DecodeError,
+    DepthLimitError,
     DuplicateFrameError,
+    ElementBudgetError,
     EncodeError,
     FrameTooLargeError,
     IncompatibleSchemaError,
@@ -60,6 +62,8 @@ from .registry import (
 
 __all__ = [
     "DATATYPES",
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_MAX_ELEMENTS",
     "DEFAULT_MAX_FRAME_BYTES",
     "BadMagicError",
     "BytesLike",
@@ -69,7 +73,9 @@ __all__ = [
     "Compatibility",
     "CorruptRegistryError",
     "DecodeError",
+    "DepthLimitError",
     "DuplicateFrameError",
+    "ElementBudgetError",
     "EmbeddingBatch",
     "EncodeError",
     "FrameTooLargeError",

@@ -24,6 +24,8 @@ from .model import EmbeddingBatch, InferRequest, InferResponse, Message, TokenCh
 
 __all__ = [
     "ALL_TYPES",
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_MAX_ELEMENTS",
     "DEFAULT_MAX_FRAME_BYTES",
     "BytesLike",
     "Codec",
@@ -33,6 +35,24 @@ __all__ = [
 ]
 
 M = TypeVar("M")
+
+DEFAULT_MAX_DEPTH: Final = 512
+"""Deepest nesting a JSON or MessagePack codec parses (``max_depth``): every message inferwire
+writes nests 9 deep at most, and 512 stays clear of the interpreter's recursion limit (1,000),
+which bounds the stdlib json and msgspec parsers, whatever stack the caller already holds."""
+DEFAULT_MAX_ELEMENTS: Final = 1 << 18
+"""Most decoded elements (containers, scalars and map keys) one message may hold
+(``max_elements``): 262,144, above the 150,528 numbers of a 224x224 RGB image as a JSON array.
+A megabyte of MessagePack empty maps would otherwise become 70 MB of dicts."""
+
+
+def check_limits(max_depth: int, max_elements: int) -> None:
+    """Refuse decode limits that cannot be met (``ValueError``)."""
+    if type(max_depth) is not int or max_depth < 1:
+        raise ValueError("max_depth must be a positive integer")
+    if type(max_elements) is not int or max_elements < 1:
+        raise ValueError("max_elements must be a positive integer")
+
 
 ALL_TYPES: Final[frozenset[type[Any]]] = frozenset(
     {TokenChunk, EmbeddingBatch, InferRequest, InferResponse}

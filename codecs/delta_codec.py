@@ -61,7 +61,7 @@ from importlib import resources
 from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
 
 from . import compat, pbwire
-from .base import BytesLike, Codec
+from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, BytesLike, Codec, check_limits
 from .errors import (
     BadMagicError,
     CodecError,
@@ -822,7 +822,10 @@ class DeltaStreamDecoder:
         self._usage_known = False
         self._table = _Table()
         self._pending_gap: tuple[int, int] | None = None
-        self.max_frame_bytes = max_frame_bytes
+        # Every decoded element (a token, a string, a logprob) takes a byte or more of its
+        # frame, so a frame no longer than the element budget cannot break it: the budget is
+        # enforced from each frame's length header, before its body is read.
+        self.max_frame_bytes = min(max_frame_bytes, codec.max_elements)
         self.schema_id: int | None = None
         self.finished = False
         self.count = 0
@@ -1110,7 +1113,10 @@ class DeltaCodec(Codec):
         resolver: SchemaResolver | None = None,
         subject: str = SUBJECT,
         pure_python: bool = False,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
     ) -> None:
+        check_limits(DEFAULT_MAX_DEPTH, max_elements)
+        self.max_elements = max_elements
         self.pure_python = pure_python
         self.registry = default_registry() if registry is None else registry
         self.schema = schema

@@ -10,7 +10,15 @@ from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, cast
 
 from . import openai as oa
-from .base import BytesLike, Codec, Framing
+from . import scan
+from .base import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_ELEMENTS,
+    BytesLike,
+    Codec,
+    Framing,
+    check_limits,
+)
 
 __all__ = ["DictCodec", "Framing"]
 from .errors import CodecError, DecodeError, EncodeError
@@ -36,8 +44,21 @@ class DictCodec(Codec):
     decode_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     """Library-specific exceptions that mean the input is not valid for the format."""
 
-    def __init__(self, *, framing: Framing | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        framing: Framing | None = None,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+    ) -> None:
         self._use_framing(framing)
+        check_limits(max_depth, max_elements)
+        self.max_depth = max_depth
+        self.max_elements = max_elements
+        self._scan = scan.check_msgpack if self.binary else scan.check_json
+        # Every element takes a byte or more, and every level of JSON nesting two (MessagePack
+        # one): input no longer than this cannot break either limit, so it is not scanned.
+        self._scan_above = min(max_elements, max_depth if self.binary else 2 * max_depth)
         self._decode_errors: tuple[type[BaseException], ...] = (*_FOREIGN, *self.decode_errors)
         binary = self.binary
         self._to_obj: dict[type[Any], Callable[[Any], Any]] = {
@@ -75,6 +96,8 @@ class DictCodec(Codec):
         from_obj = self._from_obj.get(type_)
         if from_obj is None:
             raise DecodeError(f"codec {self.name!r} cannot decode into {type_!r}")
+        if len(data) > self._scan_above:
+            self._scan(data, self.max_depth, self.max_elements)
         try:
             return cast("M", from_obj(self.loads(data)))
         except CodecError:

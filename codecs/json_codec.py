@@ -3,15 +3,25 @@
 Floats are written with ``repr`` (the shortest text that reads back to the same double), so a
 round trip is exact; NaN and infinities are refused (``allow_nan=False``): JSON has no text for
 them. Text is UTF-8 without ``\\u`` escapes, as OpenAI-compatible servers send it.
+
+Reading, the standard library is laxer than orjson and msgspec in two ways that this codec
+closes, so that every JSON codec takes the same input: a number past the range of a double
+(``1e400``) becomes an infinity (refused, see :func:`~inferwire.codecs.openai.finite_float`;
+tensors and embeddings are checked as arrays), and a ``\\u`` escape of a lone surrogate
+becomes a ``str`` that no UTF-8 writer can send on (refused here).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from typing import Any, ClassVar
 
+from . import openai as oa
 from .base import BytesLike
 from .dictcodec import DictCodec, Framing
+from .model import TokenChunk
 
 
 def _reject_constant(name: str) -> Any:
@@ -28,9 +38,19 @@ def dumps(obj: Any) -> bytes:
     return _encoder.encode(obj).encode()
 
 
+# An escaped surrogate, paired or not: rare in text that was written as UTF-8.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def loads(data: BytesLike) -> Any:
     # RFC 8259 section 8.1: JSON exchanged between systems is UTF-8.
-    return _decoder.decode(str(data, "utf-8"))
+    text = str(data, "utf-8")
+    obj = _decoder.decode(text)
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+        # A pair decodes to one code point; a lone half stays a surrogate, which writing the
+        # object back as UTF-8 finds (UnicodeEncodeError, a ValueError).
+        _encoder.encode(obj).encode()
+    return obj
 
 
 class JsonCodec(DictCodec):
@@ -40,6 +60,10 @@ class JsonCodec(DictCodec):
     binary: ClassVar[bool] = False
     framing: Framing = "sse"
     framings: ClassVar[tuple[Framing, ...]] = ("sse", "ndjson", "length-prefixed")
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._from_obj[TokenChunk] = functools.partial(oa.chunk_from_obj, number=oa.finite_float)
 
     def dumps(self, obj: Any) -> bytes:
         return dumps(obj)

@@ -14,7 +14,15 @@ from typing import Any, ClassVar, TypeVar, cast
 import msgspec
 
 from . import openai as oa
-from .base import BytesLike, Codec, Framing
+from . import scan
+from .base import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_ELEMENTS,
+    BytesLike,
+    Codec,
+    Framing,
+    check_limits,
+)
 from .errors import CodecError, DecodeError, EncodeError
 from .model import (
     EmbeddingBatch,
@@ -249,8 +257,14 @@ def _tensor(s: TensorJsonS | TensorBinS, binary: bool) -> Tensor:
 class _MsgspecCodec(Codec):
     binary: ClassVar[bool]
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_depth: int, max_elements: int) -> None:
+        check_limits(max_depth, max_elements)
+        self.max_depth = max_depth
+        self.max_elements = max_elements
         binary = self.binary
+        # As in DictCodec: input this short cannot break a limit, so it is not scanned.
+        self._scan = scan.check_msgpack if binary else scan.check_json
+        self._scan_above = min(max_elements, max_depth if binary else 2 * max_depth)
         self._to_struct: dict[type[Any], Any] = {
             TokenChunk: lambda c: chunk_to_struct(c, binary=binary),
             EmbeddingBatch: self._embeddings_struct,
@@ -327,6 +341,8 @@ class _MsgspecCodec(Codec):
         entry = self._from_struct.get(type_)
         if entry is None:
             raise DecodeError(f"codec {self.name!r} cannot decode into {type_!r}")
+        if len(data) > self._scan_above:
+            self._scan(data, self.max_depth, self.max_elements)
         try:
             return cast("M", entry[1](self._decoders[type_].decode(data)))
         except CodecError:
@@ -343,10 +359,16 @@ class MsgspecJsonCodec(_MsgspecCodec):
     framing: Framing = "sse"
     framings: ClassVar[tuple[Framing, ...]] = ("sse", "ndjson", "length-prefixed")
 
-    def __init__(self, *, framing: Framing | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        framing: Framing | None = None,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+    ) -> None:
         self._use_framing(framing)
         self._encoder = msgspec.json.Encoder()
-        super().__init__()
+        super().__init__(max_depth=max_depth, max_elements=max_elements)
 
     def _make_decoder(self, struct: type[Any]) -> Any:
         return msgspec.json.Decoder(struct)
@@ -361,9 +383,11 @@ class MsgspecMsgpackCodec(_MsgspecCodec):
     stream_media_type: ClassVar[str] = "application/vnd.inferwire.frames+msgpack"
     binary: ClassVar[bool] = True
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, max_depth: int = DEFAULT_MAX_DEPTH, max_elements: int = DEFAULT_MAX_ELEMENTS
+    ) -> None:
         self._encoder = msgspec.msgpack.Encoder()
-        super().__init__()
+        super().__init__(max_depth=max_depth, max_elements=max_elements)
 
     def _make_decoder(self, struct: type[Any]) -> Any:
         return msgspec.msgpack.Decoder(struct)

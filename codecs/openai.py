@@ -128,6 +128,15 @@ def _float(value: Any) -> float:
     raise TypeError(f"expected a number, got {type(value).__name__}")
 
 
+def finite_float(value: Any) -> float:
+    """:func:`_float` for text whose parser turns an out-of-range number (``1e400``) into an
+    infinity: JSON has no infinities, so such a value was never the writer's."""
+    number = _float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"number out of range for a double: {number!r}")
+    return number
+
+
 def _usage(obj: Any) -> Usage | None:
     if obj is None:
         return None
@@ -136,15 +145,17 @@ def _usage(obj: Any) -> Usage | None:
     )
 
 
-def _token_logprob(obj: Obj) -> TokenLogprob:
+def _token_logprob(obj: Obj, number: Callable[[Any], float]) -> TokenLogprob:
     return new_token_logprob(
         _str(obj["token"]),
-        _float(obj["logprob"]),
-        tuple(new_top_logprob(_str(t["token"]), _float(t["logprob"])) for t in obj["top_logprobs"]),
+        number(obj["logprob"]),
+        tuple(new_top_logprob(_str(t["token"]), number(t["logprob"])) for t in obj["top_logprobs"]),
     )
 
 
-def chunk_from_obj(obj: Obj) -> TokenChunk:
+def chunk_from_obj(obj: Obj, number: Callable[[Any], float] = _float) -> TokenChunk:
+    """The chunk in ``obj``; ``number`` reads each logprob (:func:`finite_float` for a parser
+    that reads ``1e400`` as infinity)."""
     if obj["object"] != CHUNK_OBJECT:
         raise DecodeError(f"not a {CHUNK_OBJECT}: object={obj['object']!r}")
     (choice,) = obj["choices"]
@@ -162,7 +173,9 @@ def chunk_from_obj(obj: Obj) -> TokenChunk:
         _int(obj["seq"]),
         tuple(token_ids),
         _str(choice["delta"]["content"]),
-        None if logprobs is None else tuple([_token_logprob(lp) for lp in logprobs["content"]]),
+        None
+        if logprobs is None
+        else tuple([_token_logprob(lp, number) for lp in logprobs["content"]]),
         None if finish_reason is None else _str(finish_reason),
         _usage(obj.get("usage")),
     )

@@ -3,7 +3,13 @@
 Encode builds the message from the model values (what serving code pays per message; the
 benchmarks time a prebuilt message's ``SerializeToString`` beside it). Tensor and embedding
 data travel as raw little-endian ``bytes`` fields, as KServe's ``raw_input_contents`` does.
-Unknown fields are ignored on decode, as proto3 requires.
+What decode accepts, as the protobuf encoding guide specifies and every runtime does: a field
+number the schema does not know is skipped (a newer writer's field); a known field number sent
+with another wire type is treated the same way, so the field keeps its default (the registry
+refuses a schema that changes a field's type, so only a foreign or corrupt writer sends one); a
+singular field sent twice keeps its last value. Groups and messages nest at most 100 deep
+(upb's limit), and ``max_elements`` bounds the repeated entries a message may hold before any
+Python object is built for them.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from google.protobuf.internal import api_implementation
 
 from inferwire.schemas import inferwire_pb2 as pb
 
-from .base import BytesLike, Codec
-from .errors import CodecError, DecodeError, EncodeError
+from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, BytesLike, Codec, check_limits
+from .errors import CodecError, DecodeError, ElementBudgetError, EncodeError
 from .model import (
     EmbeddingBatch,
     InferRequest,
@@ -182,6 +188,30 @@ def response_from_pb(msg: pb.InferResponse) -> InferResponse:
     )
 
 
+def _chunk_elements(msg: Any, budget: int) -> int:
+    count = len(msg.token_ids)
+    if msg.HasField("logprobs"):
+        content = msg.logprobs.content
+        count += len(content)
+        for lp in content:  # stops as soon as the budget is broken: one entry is enough
+            if count > budget:
+                break
+            count += len(lp.top)
+    return count
+
+
+def _tensors_elements(tensors: Any) -> int:
+    return sum(1 + len(t.shape) for t in tensors)
+
+
+# The repeated entries of a parsed message, counted in upb's arena before the model is built.
+ELEMENTS: dict[type[Any], Any] = {
+    TokenChunk: _chunk_elements,
+    EmbeddingBatch: lambda msg, budget: 1,
+    InferRequest: lambda msg, budget: _tensors_elements(msg.inputs),
+    InferResponse: lambda msg, budget: _tensors_elements(msg.outputs),
+}
+
 TO_PB: dict[type[Any], Any] = {
     TokenChunk: chunk_to_pb,
     EmbeddingBatch: embeddings_to_pb,
@@ -201,6 +231,10 @@ class ProtobufCodec(Codec):
     media_type: ClassVar[str] = "application/x-protobuf"
     stream_media_type: ClassVar[str] = "application/vnd.inferwire.frames+protobuf"
 
+    def __init__(self, *, max_elements: int = DEFAULT_MAX_ELEMENTS) -> None:
+        check_limits(DEFAULT_MAX_DEPTH, max_elements)
+        self.max_elements = max_elements
+
     def encode(self, message: Any, /) -> bytes:
         to_pb = TO_PB.get(type(message))
         if to_pb is None:
@@ -219,6 +253,10 @@ class ProtobufCodec(Codec):
         message_class, from_pb = entry
         try:
             msg = message_class.FromString(data)
+            # Every entry takes a byte or more: shorter input cannot break the budget.
+            budget = self.max_elements
+            if len(data) > budget and ELEMENTS[type_](msg, budget) > budget:
+                raise ElementBudgetError(self.max_elements)
             return cast("M", from_pb(msg))
         except CodecError:
             raise

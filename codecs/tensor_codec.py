@@ -24,7 +24,8 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 import numpy as np
 import orjson
 
-from .base import BytesLike, Codec
+from . import scan
+from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, BytesLike, Codec, check_limits
 from .errors import CodecError, DecodeError, EncodeError
 from .model import EmbeddingBatch, InferRequest, InferResponse, Tensor, Usage
 from .tensors import bytes_elements_from_raw, bytes_elements_to_raw, checked_dtype, checked_layout
@@ -137,7 +138,14 @@ def _read_tensors(entries: Any, data: memoryview, pos: int) -> tuple[list[Tensor
     return tensors, pos
 
 
-def decode_message(data: BytesLike, type_: type[Any]) -> Any:
+def decode_message(
+    data: BytesLike,
+    type_: type[Any],
+    *,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+) -> Any:
+    """The message in ``data``; its JSON header is held to the JSON codecs' limits."""
     view = memoryview(data).cast("B")
     if len(view) < _PREFIX.size:
         raise DecodeError(f"{len(view)} bytes is shorter than the tensor prefix")
@@ -147,7 +155,10 @@ def decode_message(data: BytesLike, type_: type[Any]) -> Any:
     pos = _PREFIX.size + header_length
     if pos > len(view):
         raise DecodeError(f"header of {header_length} bytes overruns the {len(view)}-byte buffer")
-    header = orjson.loads(view[_PREFIX.size : pos])
+    header_bytes = view[_PREFIX.size : pos]
+    if header_length > min(max_elements, 2 * max_depth):  # see DictCodec: shorter is safe
+        scan.check_json(header_bytes, max_depth, max_elements)
+    header = orjson.loads(header_bytes)
     if type(header) is not dict:
         raise DecodeError("tensor header must be a JSON object")
     if type_ is EmbeddingBatch:
@@ -185,6 +196,13 @@ class TensorCodec(Codec):
     types: ClassVar[frozenset[type[Any]]] = frozenset({EmbeddingBatch, InferRequest, InferResponse})
     default_stream_type: ClassVar[type[Any]] = InferResponse
 
+    def __init__(
+        self, *, max_depth: int = DEFAULT_MAX_DEPTH, max_elements: int = DEFAULT_MAX_ELEMENTS
+    ) -> None:
+        check_limits(max_depth, max_elements)
+        self.max_depth = max_depth
+        self.max_elements = max_elements
+
     def encode_parts(self, message: Any, /) -> list[BytesLike]:
         """See :func:`encode_parts`."""
         try:
@@ -199,7 +217,12 @@ class TensorCodec(Codec):
 
     def decode(self, data: BytesLike, type_: type[M], /) -> M:
         try:
-            return cast("M", decode_message(data, type_))
+            return cast(
+                "M",
+                decode_message(
+                    data, type_, max_depth=self.max_depth, max_elements=self.max_elements
+                ),
+            )
         except CodecError:
             raise
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

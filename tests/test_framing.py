@@ -324,7 +324,10 @@ def test_a_length_claiming_4_gib_is_refused_without_allocating(name: str, field:
         tracemalloc.stop()
     assert peak < MiB
     assert info.value.declared_bytes == 2**32 - 1
-    assert info.value.max_frame_bytes == ic.DEFAULT_MAX_FRAME_BYTES == 64 * MiB
+    # the delta codec's frames are token chunks: its element budget bounds them lower
+    limit = ic.DEFAULT_MAX_ELEMENTS if name == "delta" else ic.DEFAULT_MAX_FRAME_BYTES
+    assert info.value.max_frame_bytes == limit
+    assert 64 * MiB == ic.DEFAULT_MAX_FRAME_BYTES
 
 
 @pytest.mark.parametrize("name", BINARY_CODECS)
@@ -340,11 +343,14 @@ def test_an_oversized_length_is_refused_as_soon_as_it_is_whole(name: str) -> Non
 
 @pytest.mark.parametrize(("name", "field"), [(n, f) for n, f in LENGTH_FIELDS if f != "end frame"])
 def test_the_default_limit_is_64_mib(name: str, field: str) -> None:
+    """64 MiB, but for the delta codec: its frames hold token chunks, one element per byte or
+    more, so its element budget is the lower bound."""
     codec = ic.get(name)
-    at_limit = length_claims(codec, 64 * MiB)[field]
+    limit = ic.DEFAULT_MAX_ELEMENTS if name == "delta" else 64 * MiB
+    at_limit = length_claims(codec, limit)[field]
     assert codec.stream_decoder(_type(codec)).feed(at_limit) == []  # needs more, no error
     with pytest.raises(ic.FrameTooLargeError):
-        codec.stream_decoder(_type(codec)).feed(length_claims(codec, 64 * MiB + 1)[field])
+        codec.stream_decoder(_type(codec)).feed(length_claims(codec, limit + 1)[field])
 
 
 @pytest.mark.parametrize("spec", FRAMED)
