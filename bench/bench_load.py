@@ -28,12 +28,20 @@ CAPACITY_S: Final = 3.0
 DISABLED_S: Final = 0.3
 LAG_TARGET_MS: Final = 1.0
 _TOKEN: Final = ic.TokenChunk(
-    id="null", model="null", created=0, index=0, seq=0, token_ids=(1,), text="x"
+    id="null",
+    model="null",
+    created=0,
+    index=0,
+    seq=0,
+    token_ids=(1,),
+    text="x",
+    finish_reason="length",  # the end marker: the generator verifies every stream
+    usage=ic.Usage(prompt_tokens=0, completion_tokens=1),
 )
 
 
 class NullTarget:
-    """A stream of one chunk, produced without I/O or awaiting anything."""
+    """A stream of one chunk (its own end marker), produced without I/O or awaiting anything."""
 
     async def generate(self, request: it.GenerateRequest, /) -> AsyncIterator[ic.TokenChunk]:
         yield _TOKEN

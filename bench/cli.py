@@ -26,6 +26,7 @@ SUITES = (
     ("bench_stages.py", "stages.json"),
     ("bench_load.py", "load.json"),
     ("bench_peers.py", "peers.json"),
+    ("bench_faults.py", "faults.json"),
 )
 
 

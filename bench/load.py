@@ -30,6 +30,17 @@ the generator keeps up and the cap is not reached)::
     errors          failed requests by exception class (TransportError's subclasses by name,
                     anything else by qualified name); "Unfinished" is a request still running
                     when the drain timeout ran out. A failed request is in no latency.
+    integrity       every stream is verified as it arrives (inferwire.codecs.integrity): its
+                    chunks' sequence numbers 0, 1, 2, ... with none missing or repeated, and
+                    an end marker (the last chunk's finish_reason) whose usage counts the
+                    tokens delivered; and each chunk's tokens and text against the chunks the
+                    simulated service sends for the request. "verified": the streams that
+                    passed (the completed requests); lost, duplicated, reordered, truncated,
+                    altered: the failed requests of the matching error classes
+                    (SequenceGapError; DuplicateFrameError; ReorderedFrameError;
+                    StreamTruncatedError or IncompleteStreamError; AlteredStreamError). A
+                    stream that fails verification is an error, never a success. In a healthy
+                    run all five are zero.
     send lag        the generator's own lateness: from intended send time to when it started
                     the request (uncapped) or queued it for a slot (capped)
     queue wait      intended send time to the moment the request had a slot and was sent
@@ -115,6 +126,7 @@ async def _sweep(
     args: argparse.Namespace, spec: LoadSpec, address: str, pid: int | None
 ) -> list[dict[str, Any]]:
     target = open_target(args.transport, address, args.codec)
+    expected = spec.expected_chunks()
     points = []
     try:
         try:
@@ -133,6 +145,7 @@ async def _sweep(
                     concurrency=cap,
                     server_pid=pid,
                     progress=not args.quiet and sys.stderr.isatty(),
+                    expected=expected,
                 )
                 print(summary_line(point), flush=True)
                 points.append(point)
@@ -161,8 +174,16 @@ def summary_line(point: dict[str, Any]) -> str:
     ]
     if point["goodput_rps"] is not None:
         parts.append(f"goodput {point['goodput_rps']:.1f} req/s,")
-    parts.append(f"send lag p99 {ms('send_lag', 'p99')} ms")
+    parts.append(f"send lag p99 {ms('send_lag', 'p99')} ms;")
+    parts.append(integrity_text(point["integrity"]))
     return " ".join(parts)
+
+
+def integrity_text(integrity: dict[str, Any]) -> str:
+    """``integrity: 120 verified, 0 lost, 0 duplicated, ...`` for a point's ``integrity``."""
+    counts = [f"{integrity[kind]} {kind}" for kind, _ in metrics.INTEGRITY_KINDS]
+    checked = "" if integrity.get("content_checked", True) else " (sequence only)"
+    return f"integrity{checked}: {integrity['verified']} verified, " + ", ".join(counts)
 
 
 def _load(args: argparse.Namespace) -> int:

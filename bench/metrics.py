@@ -24,7 +24,9 @@ import numpy as np
 import psutil  # type: ignore[import-untyped, unused-ignore]
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped, unused-ignore]
 
-from inferwire.transports import TransportError
+import inferwire.codecs as ic
+from inferwire.codecs.integrity import AlteredStreamError
+from inferwire.transports import StreamTruncatedError, TransportError
 
 HIGHEST_US: Final = 3_600_000_000
 """One hour: anything slower is clamped to it (and still counted)."""
@@ -33,6 +35,15 @@ PERCENTILES: Final = ((50.0, "p50"), (90.0, "p90"), (99.0, "p99"), (99.9, "p99_9
 _FLUSH_AT: Final = 1 << 16
 UNFINISHED: Final = "Unfinished"
 """The error name of a request still running when the run's drain timeout ran out."""
+INTEGRITY_KINDS: Final[tuple[tuple[str, tuple[type[BaseException], ...]], ...]] = (
+    ("lost", (ic.SequenceGapError,)),
+    ("duplicated", (ic.DuplicateFrameError,)),
+    ("reordered", (ic.ReorderedFrameError,)),
+    ("truncated", (StreamTruncatedError, ic.IncompleteStreamError)),
+    ("altered", (AlteredStreamError,)),
+)
+"""What each integrity count of a point counts: the failures of these classes (a stream that
+failed verification, or that its transport found cut short before its end marker)."""
 
 LIBRARIES: Final = (
     "inferwire",
@@ -155,6 +166,7 @@ class Recorder:
         self.output_tokens = 0
         self.errors: Counter[str] = Counter()
         self.error_examples: dict[str, str] = {}
+        self.integrity: Counter[str] = Counter()
         self.max_in_flight = 0
         self.last_done_ns = 0
 
@@ -168,9 +180,9 @@ class Recorder:
         gaps_ns: Sequence[int] = (),
         chunk_tokens: Sequence[int] = (),
     ) -> None:
-        """A stream that ended with its end marker. ``first_token_ns`` is 0 if it had none;
-        ``gaps_ns`` are the gaps before each token-carrying chunk after the first, and
-        ``chunk_tokens`` the number of tokens in each of those chunks."""
+        """A stream that ended with its end marker and passed verification. ``first_token_ns``
+        is 0 if it had none; ``gaps_ns`` are the gaps before each token-carrying chunk after
+        the first, and ``chunk_tokens`` the number of tokens in each of those chunks."""
         if gaps_ns:
             self.itl_per_chunk.record_many_ns(gaps_ns, [1] * len(gaps_ns))
             self.itl_per_token.record_many_ns(gaps_ns, chunk_tokens)
@@ -196,6 +208,10 @@ class Recorder:
         name = UNFINISHED if exc is None else error_name(exc)
         self.errors[name] += 1
         self.error_examples.setdefault(name, "" if exc is None else str(exc)[:200])
+        if exc is not None:
+            kind = integrity_kind(exc)
+            if kind is not None:
+                self.integrity[kind] += 1
 
     def histograms(self) -> dict[str, Histogram]:
         return {
@@ -229,8 +245,26 @@ class Recorder:
             "goodput_rps": self.good / duration_s if self.slo.any else None,
             "slo": asdict(self.slo),
             "max_in_flight": self.max_in_flight,
+            "integrity": {
+                "verified": self.completed,
+                **{kind: self.integrity[kind] for kind, _ in INTEGRITY_KINDS},
+            },
             **{name: h.summary_ms() for name, h in self.histograms().items()},
         }
+
+
+def integrity_kind(exc: BaseException) -> str | None:
+    """Which integrity count a failure adds to (see :data:`INTEGRITY_KINDS`), if any."""
+    for kind, classes in INTEGRITY_KINDS:
+        if isinstance(exc, classes):
+            return kind
+    return None
+
+
+def integrity_violations(integrity: dict[str, int]) -> int:
+    """The streams of a point's ``integrity`` found lost, duplicated, reordered, truncated or
+    altered: zero in a healthy run."""
+    return sum(integrity.get(kind, 0) for kind, _ in INTEGRITY_KINDS)
 
 
 def error_name(exc: BaseException) -> str:

@@ -2,6 +2,11 @@
 measures and how each metric is defined): the seeded arrival schedule, the clients it sends
 to, and the scheduler that starts each request at its intended time.
 
+Every stream is checked as it arrives (:class:`~inferwire.codecs.integrity.StreamVerifier`):
+in order, none lost or repeated, up to an end marker whose token count matches, and, when the
+expected chunks are given, the very chunks sent. A stream that fails is an error, never a
+success.
+
 Without a cap, each request is a task started at its time. With ``concurrency`` N, N workers
 take the due requests in order of their intended time, so a backlog costs memory for a
 number, not for a task, and the cap holds exactly.
@@ -14,7 +19,7 @@ import math
 import selectors
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
@@ -23,9 +28,12 @@ from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire.codecs.integrity import StreamVerifier
+from inferwire.transports.common import DEFAULT_LIMITS, aiter_close
 
 from . import metrics
 from .metrics import Recorder, Slo
+from .serving import workload_source
 
 Arrival = Literal["poisson", "gamma"]
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
@@ -116,12 +124,15 @@ class ClientPool:
             await client.close()
 
 
-def open_target(transport: str, address: str, codec: str) -> Target:
+def open_target(
+    transport: str, address: str, codec: str, *, limits: it.Limits = DEFAULT_LIMITS
+) -> Target:
     """A client for ``transport``: http1 pools connections itself, http2 and grpc multiplex
-    one connection, and tcp gets a :class:`ClientPool`."""
+    one connection, and tcp gets a :class:`ClientPool`. ``limits.timeout_s`` bounds each
+    connect and each wait for the server."""
     if transport == "tcp":
-        return ClientPool(lambda: it.connect(transport, address, codec=codec))
-    return it.connect(transport, address, codec=codec)
+        return ClientPool(lambda: it.connect(transport, address, codec=codec, limits=limits))
+    return it.connect(transport, address, codec=codec, limits=limits)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,6 +165,14 @@ class LoadSpec:
     def request(self) -> it.GenerateRequest:
         return it.GenerateRequest(workload=self.workload, max_tokens=self.max_tokens)
 
+    def expected_chunks(self) -> list[ic.TokenChunk] | None:
+        """The chunks every request of the run should receive, as the simulated service makes
+        them (``None``: a workload this package does not know, served by someone else)."""
+        try:
+            return list(it.SimulatedService(workload_source).chunks(self.request()))
+        except it.BadRequestError:
+            return None
+
 
 class _Run:
     """One point: the scheduler, and either a task per request (uncapped) or a worker per slot
@@ -165,11 +184,13 @@ class _Run:
         request: it.GenerateRequest,
         recorder: Recorder,
         on_done: Callable[[], object] | None,
+        expected: Sequence[ic.TokenChunk] | None = None,
     ) -> None:
         self.target = target
         self.request = request
         self.recorder = recorder
         self.on_done = on_done
+        self.expected = expected
         self.in_flight = 0
 
     async def send(self, intended_ns: int) -> None:
@@ -178,13 +199,17 @@ class _Run:
         recorder.queue_wait.record_ns(now_ns() - intended_ns)
         self.in_flight += 1
         recorder.max_in_flight = max(recorder.max_in_flight, self.in_flight)
+        stream: AsyncIterator[ic.TokenChunk] | None = None
         try:
+            stream = self.target.generate(self.request)
             first_ns = previous_ns = 0
             tokens = 0
             gaps_ns: list[int] = []  # recorded once the stream is whole: a failure has no ITL
             chunk_tokens: list[int] = []
-            async for chunk in self.target.generate(self.request):
-                count = len(chunk.token_ids)
+            verifier = StreamVerifier(self.expected)
+            check = verifier.check
+            async for chunk in stream:
+                count = check(chunk)
                 if not count:
                     continue
                 arrived_ns = now_ns()
@@ -195,6 +220,7 @@ class _Run:
                     first_ns = arrived_ns
                 previous_ns = arrived_ns
                 tokens += count
+            verifier.finish()
             recorder.completed_stream(
                 intended_ns=intended_ns,
                 first_token_ns=first_ns,
@@ -204,7 +230,10 @@ class _Run:
                 chunk_tokens=chunk_tokens,
             )
         except Exception as exc:
-            recorder.failed(exc, now_ns())
+            done_ns = now_ns()
+            if stream is not None:  # one left mid-way is cancelled, not left to the GC
+                await aiter_close(stream)
+            recorder.failed(exc, done_ns)
         finally:
             self.in_flight -= 1
             if self.on_done is not None:
@@ -255,8 +284,12 @@ async def run_point(
     concurrency: int | None = None,
     server_pid: int | None = None,
     progress: bool = False,
+    expected: Sequence[ic.TokenChunk] | None = None,
 ) -> dict[str, Any]:
-    """Drive ``target`` at one rate (and cap) and return the point's metrics."""
+    """Drive ``target`` at one rate (and cap) and return the point's metrics.
+
+    Every stream is verified (see the module docstring); ``expected``: the chunks each should
+    carry (e.g. :meth:`LoadSpec.expected_chunks`), to catch altered content too."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
     offsets_ns = spec.offsets_ns(rate_rps)
@@ -271,7 +304,7 @@ async def run_point(
         disable=not progress,
         leave=False,
     ) as bar:
-        run = _Run(target, spec.request(), recorder, bar.update if progress else None)
+        run = _Run(target, spec.request(), recorder, bar.update if progress else None, expected)
         cpu.start()
         start_ns = now_ns() + 1_000_000  # a millisecond to get the scheduler going
         pending = await run.schedule(start_ns, offsets_ns, concurrency)
@@ -286,11 +319,13 @@ async def run_point(
         recorder.flush()  # the recording's last step, billed to the client like the rest
         usage = cpu.stop(recorder.output_tokens)
     schedule_s = float(offsets_ns[-1]) / 1e9 if len(offsets_ns) > 1 else 0.0
+    summary = recorder.summary(start_ns=start_ns, scheduled=len(offsets_ns))
+    summary["integrity"]["content_checked"] = expected is not None
     return {
         "rate_rps": finite_or_text(rate_rps),
         "concurrency": concurrency,
         "offered_rate_rps": (len(offsets_ns) - 1) / schedule_s if schedule_s else None,
-        **recorder.summary(start_ns=start_ns, scheduled=len(offsets_ns)),
+        **summary,
         **usage,
     }
 

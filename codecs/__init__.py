@@ -39,6 +39,7 @@ from .errors import (
     VerificationError,
 )
 from .framing import DEFAULT_MAX_FRAME_BYTES, BytesLike, StreamDecoder, StreamEncoder
+from .integrity import AlteredStreamError, StreamVerifier
 from .model import (
     DATATYPES,
     EmbeddingBatch,
@@ -65,6 +66,7 @@ __all__ = [
     "DEFAULT_MAX_DEPTH",
     "DEFAULT_MAX_ELEMENTS",
     "DEFAULT_MAX_FRAME_BYTES",
+    "AlteredStreamError",
     "BadMagicError",
     "BytesLike",
     "CachingResolver",
@@ -95,6 +97,7 @@ __all__ = [
     "SequenceGapError",
     "StreamDecoder",
     "StreamEncoder",
+    "StreamVerifier",
     "Tensor",
     "TokenChunk",
     "TokenLogprob",

@@ -454,6 +454,9 @@ class Http1Client(Client):
             while not conn.response.headers_done:
                 if not await conn.receive(self.limits.timeout_s):
                     raise StreamTruncatedError("http1: connection closed before a response")
+        except TransportTimeoutError:  # an OSError too (TimeoutError is): not a lost connection
+            await aclose_quietly(conn.writer)
+            raise
         except OSError as exc:
             await aclose_quietly(conn.writer)
             raise ProtocolError(f"http1: connection lost: {exc!r}") from exc

@@ -47,6 +47,7 @@ class DelayProxy:
         self.address: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
 
     async def start(self) -> tuple[str, int]:
         self._server = await asyncio.start_server(
@@ -70,6 +71,15 @@ class DelayProxy:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5.0)
 
+    def drop_connections(self) -> int:
+        """Abort every connection open now, both sides at once, as a failed link would (no
+        FIN handshake, buffered bytes discarded); returns how many. New ones are accepted."""
+        links = list(self._links)
+        for client_w, server_w in links:
+            client_w.transport.abort()
+            server_w.transport.abort()
+        return len(links)
+
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -79,9 +89,12 @@ class DelayProxy:
                 server_r, server_w = await asyncio.open_connection(*self.upstream)
             except OSError:
                 return
+            link = (client_w, server_w)
+            self._links.add(link)
             try:
                 await asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w))
             finally:
+                self._links.discard(link)
                 await aclose_quietly(server_w)
         except (asyncio.CancelledError, OSError):
             pass

@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from inferwire.codecs import InferRequest, InferResponse, Tensor, TokenChunk
+from inferwire.codecs import InferRequest, InferResponse, Tensor, TokenChunk, Usage
 
 MAX_TOKENS_LIMIT: Final = 1 << 20
 MAX_BATCH_CHUNKS: Final = 32
@@ -189,6 +189,10 @@ class SimulatedService:
 
 
 def _cut(chunks: Sequence[TokenChunk], max_tokens: int) -> list[TokenChunk]:
+    """The chunks up to the one that reaches ``max_tokens`` (kept whole). The last one kept
+    becomes the stream's end marker, as the original's last chunk was: ``finish_reason``
+    "length" and ``usage`` counting the tokens kept, so a cut stream still proves itself whole
+    (see :mod:`inferwire.codecs.integrity`)."""
     out: list[TokenChunk] = []
     tokens = 0
     for chunk in chunks:
@@ -196,4 +200,13 @@ def _cut(chunks: Sequence[TokenChunk], max_tokens: int) -> list[TokenChunk]:
             break
         out.append(chunk)
         tokens += len(chunk.token_ids)
+    if len(out) < len(chunks):
+        prompt_tokens = next(
+            (c.usage.prompt_tokens for c in reversed(chunks) if c.usage is not None), 0
+        )
+        out[-1] = replace(
+            out[-1],
+            finish_reason="length",
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=tokens),
+        )
     return out

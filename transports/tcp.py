@@ -33,7 +33,13 @@ import inferwire.codecs as ic
 
 from .base import Client, Server
 from .common import BACKLOG, aclose_quietly, connect_tcp, error_body, error_detail, mapped
-from .errors import MessageTooLargeError, ProtocolError, RemoteError, StreamTruncatedError
+from .errors import (
+    MessageTooLargeError,
+    ProtocolError,
+    RemoteError,
+    StreamTruncatedError,
+    TransportTimeoutError,
+)
 from .service import BadRequestError, GenerateRequest
 from .timing import ServerStamps, StreamTiming, now_ns, unpack
 
@@ -188,7 +194,9 @@ class TcpClient(Client):
         self._lock = asyncio.Lock()
 
     async def _connection(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self._conn is None or self._conn[1].is_closing():
+        if self._conn is not None and (self._conn[1].is_closing() or self._conn[0].at_eof()):
+            await self._drop()  # the server closed it while idle (it restarted, or went away)
+        if self._conn is None:
             self._conn = await connect_tcp(
                 self.host,
                 self.port,
@@ -237,8 +245,9 @@ class TcpClient(Client):
                             raise MessageTooLargeError(f"response of {length} bytes")
                         body = await reader.readexactly(length)
                         return self.codec.decode(body, ic.InferResponse)
-            except BaseException:
+            except BaseException as exc:
                 await self._drop()
+                _raise_timeout(exc, "tcp infer")
                 raise
 
     async def generate(
@@ -280,6 +289,9 @@ class TcpClient(Client):
                             count += 1
                             yield chunk
                 done = True
+            except TimeoutError as exc:
+                _raise_timeout(exc, f"tcp generate, after {count} chunks")
+                raise
             finally:
                 if not done:
                     await self._drop()  # mid-stream: the connection cannot be reused
@@ -322,9 +334,18 @@ class TcpClient(Client):
                     (length,) = _LEN.unpack(await reader.readexactly(4))
                     timing.set_server(unpack(await reader.readexactly(min(length, limit))))
                 done = True
+            except TimeoutError as exc:
+                _raise_timeout(exc, f"tcp generate, after {count} chunks")
+                raise
             finally:
                 if not done:
                     await self._drop()
 
     async def close(self) -> None:
         await self._drop()
+
+
+def _raise_timeout(exc: BaseException, what: str) -> None:
+    """``asyncio.timeout`` raises the builtin ``TimeoutError``: make it the package's own."""
+    if isinstance(exc, TimeoutError) and not isinstance(exc, TransportTimeoutError):
+        raise TransportTimeoutError(f"{what}: timed out") from exc
