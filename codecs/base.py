@@ -46,6 +46,12 @@ DEFAULT_MAX_ELEMENTS: Final = 1 << 18
 A megabyte of MessagePack empty maps would otherwise become 70 MB of dicts."""
 
 
+def nbytes(data: BytesLike) -> int:
+    """The size of ``data`` in bytes: ``len`` of a memoryview counts its items, which are wider
+    than a byte in any format but ``B``."""
+    return data.nbytes if type(data) is memoryview else len(data)
+
+
 def check_limits(max_depth: int, max_elements: int) -> None:
     """Refuse decode limits that cannot be met (``ValueError``)."""
     if type(max_depth) is not int or max_depth < 1:

@@ -19,6 +19,7 @@ from .base import (
     Framing,
     check_limits,
 )
+from .base import nbytes as _nbytes
 
 __all__ = ["DictCodec", "Framing"]
 from .errors import CodecError, DecodeError, EncodeError
@@ -96,7 +97,7 @@ class DictCodec(Codec):
         from_obj = self._from_obj.get(type_)
         if from_obj is None:
             raise DecodeError(f"codec {self.name!r} cannot decode into {type_!r}")
-        if len(data) > self._scan_above:
+        if _nbytes(data) > self._scan_above:
             self._scan(data, self.max_depth, self.max_elements)
         try:
             return cast("M", from_obj(self.loads(data)))

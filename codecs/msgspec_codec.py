@@ -23,6 +23,7 @@ from .base import (
     Framing,
     check_limits,
 )
+from .base import nbytes as _nbytes
 from .errors import CodecError, DecodeError, EncodeError
 from .model import (
     EmbeddingBatch,
@@ -341,7 +342,7 @@ class _MsgspecCodec(Codec):
         entry = self._from_struct.get(type_)
         if entry is None:
             raise DecodeError(f"codec {self.name!r} cannot decode into {type_!r}")
-        if len(data) > self._scan_above:
+        if _nbytes(data) > self._scan_above:
             self._scan(data, self.max_depth, self.max_elements)
         try:
             return cast("M", entry[1](self._decoders[type_].decode(data)))

@@ -23,6 +23,7 @@ from google.protobuf.internal import api_implementation
 from inferwire.schemas import inferwire_pb2 as pb
 
 from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, BytesLike, Codec, check_limits
+from .base import nbytes as _nbytes
 from .errors import CodecError, DecodeError, ElementBudgetError, EncodeError
 from .model import (
     EmbeddingBatch,
@@ -255,7 +256,7 @@ class ProtobufCodec(Codec):
             msg = message_class.FromString(data)
             # Every entry takes a byte or more: shorter input cannot break the budget.
             budget = self.max_elements
-            if len(data) > budget and ELEMENTS[type_](msg, budget) > budget:
+            if _nbytes(data) > budget and ELEMENTS[type_](msg, budget) > budget:
                 raise ElementBudgetError(self.max_elements)
             return cast("M", from_pb(msg))
         except CodecError:

@@ -72,9 +72,12 @@ def _byte_view(data: BytesLike) -> memoryview:
 _OPEN: Final = 1
 _CLOSE: Final = 2
 _UNTERMINATED: Final = 4
+_END: Final = 5
 
 # One token per match, after any whitespace, commas and colons; the groups name its kind (no
-# group: a scalar). Possessive quantifiers keep an unterminated string linear.
+# group: a scalar). Possessive quantifiers keep an unterminated string linear, and the end of
+# the input is a token of its own: without it, a trailing run of whitespace matched nothing,
+# and finditer tried again from each of its bytes (quadratic).
 _JSON_TOKEN: Final = re.compile(
     rb"""[ \t\n\r,:]*+
     (?:
@@ -83,6 +86,7 @@ _JSON_TOKEN: Final = re.compile(
       | ("(?:[^"\\]++|\\.)*+")      # 3: string
       | (")                         # 4: a string that does not end
       | [^ \t\n\r,:\[\]{}"]++       # a scalar: a run of any other bytes
+      | (\Z)                        # 5: the end
     )""",
     re.DOTALL | re.VERBOSE,
 )
@@ -99,7 +103,7 @@ def _check_json_py(data: BytesLike, max_depth: int, max_elements: int, /) -> Non
             if kind == _CLOSE:
                 depth -= depth > 0  # a stray close: the parser's to report
                 continue
-            if kind == _UNTERMINATED:
+            if kind in (_UNTERMINATED, _END):
                 return
             if kind == _OPEN:
                 depth += 1

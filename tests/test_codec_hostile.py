@@ -454,3 +454,25 @@ def test_the_tensor_header_is_held_to_the_json_limits() -> None:
         MAGIC + struct.pack("<I", len(shallow)) + shallow, ic.InferRequest
     )
     assert request == ic.InferRequest(model="m", id="r", inputs=())
+
+
+@pytest.mark.parametrize("name", [*JSON_TEXT, "protobuf"])
+def test_a_memoryview_of_wide_items_is_measured_in_bytes(name: str) -> None:
+    """``len`` of a memoryview of 8-byte items is an eighth of its bytes: the limits must not
+    take it for short input that cannot break them."""
+    if name == "protobuf":
+        data = b""
+        for last in range(1000, 1008):  # a length that is a whole number of 8-byte items
+            many = ic.TokenChunk(**{**_fields(CHUNK), "token_ids": tuple(range(200, last))})
+            data = ic.get(name).encode(many)
+            if len(data) % 8 == 0:
+                break
+        view = memoryview(data).cast("Q")
+        codec = ic.get(name, max_elements=500)  # 800+ token ids, ~1,650 bytes, ~206 items
+        assert len(view) < codec.max_elements < len(many.token_ids)
+        with pytest.raises(ic.ElementBudgetError):
+            codec.decode(view, ic.TokenChunk)
+        return
+    deep = b"[" * 256 + b"]" * 256
+    with pytest.raises(ic.DepthLimitError):
+        ic.get(name, max_depth=64).decode(memoryview(deep).cast("Q"), ic.TokenChunk)
