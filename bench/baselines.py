@@ -111,6 +111,15 @@ def _msgspec_baseline(codec: msgspec_codec._MsgspecCodec) -> Baseline:
     )
 
 
+def _protobuf_direct_decode(data: bytes, type_: type[Any]) -> Any:
+    message_class, from_pb = protobuf_codec.FROM_PB[type_]
+    msg = message_class.FromString(data)
+    budget = DEFAULT_MAX_ELEMENTS  # the element count is work, not API (see the docstring)
+    if len(data) > budget and protobuf_codec.ELEMENTS[type_](msg, budget) > budget:
+        raise ValueError("over the element budget")
+    return from_pb(msg)
+
+
 def _tensor_direct_decode(data: bytes, type_: type[Any]) -> Any:
     return tensor_codec.decode_message(data, type_)
 
@@ -137,9 +146,7 @@ BASELINES: dict[str, Baseline] = {
     "msgspec-msgpack": _msgspec_baseline(msgspec_codec.MsgspecMsgpackCodec()),
     "protobuf": Baseline(
         direct_encode=lambda m: protobuf_codec.TO_PB[type(m)](m).SerializeToString(),
-        direct_decode=lambda b, t: protobuf_codec.FROM_PB[t][1](
-            protobuf_codec.FROM_PB[t][0].FromString(b)
-        ),
+        direct_decode=_protobuf_direct_decode,
         prepare=lambda m: protobuf_codec.TO_PB[type(m)](m),
         library_encode=lambda pb: pb.SerializeToString(),
         library_decode=lambda b, t: protobuf_codec.FROM_PB[t][0].FromString(b),

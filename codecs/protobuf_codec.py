@@ -201,16 +201,21 @@ def _chunk_elements(msg: Any, budget: int) -> int:
     return count
 
 
-def _tensors_elements(tensors: Any) -> int:
-    return sum(1 + len(t.shape) for t in tensors)
+def _tensors_elements(tensors: Any, budget: int) -> int:
+    count = len(tensors)
+    for tensor in tensors:  # stops as soon as the budget is broken
+        if count > budget:
+            break
+        count += len(tensor.shape)
+    return count
 
 
 # The repeated entries of a parsed message, counted in upb's arena before the model is built.
 ELEMENTS: dict[type[Any], Any] = {
     TokenChunk: _chunk_elements,
     EmbeddingBatch: lambda msg, budget: 1,
-    InferRequest: lambda msg, budget: _tensors_elements(msg.inputs),
-    InferResponse: lambda msg, budget: _tensors_elements(msg.outputs),
+    InferRequest: lambda msg, budget: _tensors_elements(msg.inputs, budget),
+    InferResponse: lambda msg, budget: _tensors_elements(msg.outputs, budget),
 }
 
 TO_PB: dict[type[Any], Any] = {
