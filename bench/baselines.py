@@ -33,11 +33,11 @@ from inferwire.codecs import (
     json_codec,
     msgspec_codec,
     protobuf_codec,
-    scan,
     tensor_codec,
 )
 from inferwire.codecs import flatbuffers_codec as fbc
 from inferwire.codecs import openai as oa
+from inferwire.codecs.base import limit_scan
 
 _TO_OBJ: dict[type[Any], Callable[[Any, bool], Any]] = {
     TokenChunk: lambda m, binary: oa.chunk_to_obj(m, binary=binary),
@@ -69,8 +69,7 @@ class Baseline:
 
 def _scanned(parse: Callable[[bytes], Any], binary: bool) -> Callable[[bytes], Any]:
     """``parse`` behind the same limit scan the codecs run (see ``DictCodec``)."""
-    check = scan.check_msgpack if binary else scan.check_json
-    above = min(DEFAULT_MAX_ELEMENTS, DEFAULT_MAX_DEPTH if binary else 2 * DEFAULT_MAX_DEPTH)
+    check, above = limit_scan(binary, DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS)
 
     def scanned(data: bytes) -> Any:
         if len(data) > above:

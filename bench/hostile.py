@@ -42,6 +42,7 @@ from typing import Any, Final
 import numpy as np
 
 import inferwire.codecs as ic
+from inferwire.codecs import pbwire
 
 from . import workloads
 
@@ -59,25 +60,8 @@ _MSGPACK_LENGTHS.update({0xDC: 2, 0xDD: 4, 0xDE: 2, 0xDF: 4})
 """MessagePack markers followed by a big-endian length or count, and its width."""
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while pos < len(data) and shift < 70:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    raise ValueError("not a varint")
+    return pbwire.read_varint(data, pos, len(data))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -185,7 +169,7 @@ def _protobuf_lengths(data: bytes) -> Iterator[bytes]:
             wire = key & 7
             if wire == 2:
                 length, after = _read_varint(data, pos)
-                yield data[:pos] + _varint(2**31) + data[after:]
+                yield data[:pos] + pbwire.varint(2**31) + data[after:]
                 pos = after + length
             elif wire == 0:
                 pos = _read_varint(data, pos)[1]
@@ -193,7 +177,7 @@ def _protobuf_lengths(data: bytes) -> Iterator[bytes]:
                 pos += 8 if wire == 1 else 4
             else:
                 return
-    except ValueError:
+    except ic.DecodeError:
         return
 
 
@@ -202,8 +186,8 @@ def _lies(subject: _Subject) -> Iterator[_Input]:
     for marker in (0xDC, 0xDD, 0xDE, 0xDF, 0xC6, 0xDB):  # array, map, bin, str: all 1s
         yield _Input(bytes([marker]) + b"\xff" * _MSGPACK_LENGTHS[marker] + junk, False)
     for key in (0x0A, 0x12, 0x1A, 0x22):  # fields 1-4, length-delimited, of 2 GiB
-        yield _Input(bytes([key]) + _varint(2**31) + junk, False)
-    yield _Input(b"\x0a" + _varint(2**64 - 1) + junk, False)
+        yield _Input(bytes([key]) + pbwire.varint(2**31) + junk, False)
+    yield _Input(b"\x0a" + pbwire.varint(2**64 - 1) + junk, False)
     for data, message in zip(subject.encodings, subject.messages, strict=True):
         for pos in range(min(len(data), 32)):
             yield _Input(data[:pos] + b"\xff\xff\xff\xff" + data[pos + 4 :], False)
@@ -220,11 +204,11 @@ def _lies(subject: _Subject) -> Iterator[_Input]:
     # streams: a length-prefixed frame of 4 GiB; a delta header, then frame, of 2**32
     yield _Input(struct.pack(">BI", 0, 0xFFFFFFFF) + junk, True)
     yield _Input(subject.stream[:1] + b"\xff\xff\xff\xff" + subject.stream[5:], True)
-    yield _Input(b"\x00\x00\x00\x00\x02" + _varint(2**32) + junk, True)
+    yield _Input(b"\x00\x00\x00\x00\x02" + pbwire.varint(2**32) + junk, True)
     header_end = _delta_header_end(subject.stream)
     if header_end is not None:
         stream = subject.stream
-        yield _Input(stream[:header_end] + _varint(2**32) + junk, True)
+        yield _Input(stream[:header_end] + pbwire.varint(2**32) + junk, True)
 
 
 def _with_unknown(name: str, codec: ic.Codec, message: Any, value: bytes) -> bytes:
@@ -255,20 +239,25 @@ def _limits(name: str, codec: ic.Codec, subject: _Subject) -> dict[str, list[_In
                 "too-deep": [_Input(_with_unknown(name, codec, message, d), False) for d in deep],
                 "too-many": [_Input(_with_unknown(name, codec, message, many), False)],
             }
-        except ValueError:
+        except ValueError:  # not a fixmap (a message type with more keys): nothing to add to
             return {}
     if name == "protobuf" and isinstance(message, ic.TokenChunk):
-        group = _varint(100 << 3 | 3), _varint(100 << 3 | 4)
+        group = pbwire.varint(100 << 3 | 3), pbwire.varint(100 << 3 | 4)
         deep = [codec.encode(message) + group[0] * n + group[1] * n for n in (101, 1_000_000)]
-        empties = (_varint(1 << 3 | 2) + b"\x00") * 500_000  # logprobs.content entries
-        many = codec.encode(message) + _varint(8 << 3 | 2) + _varint(len(empties)) + empties
+        empties = (pbwire.varint(1 << 3 | 2) + b"\x00") * 500_000  # logprobs.content entries
+        many = (
+            codec.encode(message)
+            + pbwire.varint(8 << 3 | 2)
+            + pbwire.varint(len(empties))
+            + empties
+        )
         return {
             "too-deep": [_Input(d, False) for d in deep],
             "too-many": [_Input(many, False)],
         }
     if name == "delta":
         header = codec.stream_encoder().encode(message)
-        return {"too-many": [_Input(header + _varint((1 << 20) + 1) + b"\x00" * 64, True)]}
+        return {"too-many": [_Input(header + pbwire.varint((1 << 20) + 1) + b"\x00" * 64, True)]}
     if name == "flatbuffers" and isinstance(message, ic.TokenChunk):
         return {"fan-out": [_Input(_fan_out(2000, 2000), False)]}
     return {}
@@ -318,7 +307,7 @@ def _delta_header_end(stream: bytes) -> int | None:
         return None
     try:
         length, pos = _read_varint(stream, 5)
-    except ValueError:
+    except ic.DecodeError:
         return None
     return pos + length if pos + length <= len(stream) else None
 

@@ -9,8 +9,10 @@ the chunks completed so far. No codec touches a socket.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar, Final, TypeVar
 
+from . import scan
 from .framing import (
     DEFAULT_MAX_FRAME_BYTES,
     BytesLike,
@@ -58,6 +60,18 @@ def check_limits(max_depth: int, max_elements: int) -> None:
         raise ValueError("max_depth must be a positive integer")
     if type(max_elements) is not int or max_elements < 1:
         raise ValueError("max_elements must be a positive integer")
+
+
+def limit_scan(
+    binary: bool, max_depth: int, max_elements: int
+) -> tuple[Callable[[BytesLike, int, int], None], int]:
+    """The scan that holds a JSON (or, ``binary``, MessagePack) parser's input to the limits,
+    and the size in bytes above which input must be scanned: every element takes a byte or
+    more, and every level of nesting two in JSON (one in MessagePack), so shorter input cannot
+    break either limit and is not scanned."""
+    check_limits(max_depth, max_elements)
+    check = scan.check_msgpack if binary else scan.check_json
+    return check, min(max_elements, max_depth if binary else 2 * max_depth)
 
 
 ALL_TYPES: Final[frozenset[type[Any]]] = frozenset(

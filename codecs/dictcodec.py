@@ -10,14 +10,13 @@ from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, cast
 
 from . import openai as oa
-from . import scan
 from .base import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_ELEMENTS,
     BytesLike,
     Codec,
     Framing,
-    check_limits,
+    limit_scan,
 )
 from .base import nbytes as _nbytes
 
@@ -53,13 +52,9 @@ class DictCodec(Codec):
         max_elements: int = DEFAULT_MAX_ELEMENTS,
     ) -> None:
         self._use_framing(framing)
-        check_limits(max_depth, max_elements)
+        self._scan, self._scan_above = limit_scan(self.binary, max_depth, max_elements)
         self.max_depth = max_depth
         self.max_elements = max_elements
-        self._scan = scan.check_msgpack if self.binary else scan.check_json
-        # Every element takes a byte or more, and every level of JSON nesting two (MessagePack
-        # one): input no longer than this cannot break either limit, so it is not scanned.
-        self._scan_above = min(max_elements, max_depth if self.binary else 2 * max_depth)
         self._decode_errors: tuple[type[BaseException], ...] = (*_FOREIGN, *self.decode_errors)
         binary = self.binary
         self._to_obj: dict[type[Any], Callable[[Any], Any]] = {

@@ -14,14 +14,13 @@ from typing import Any, ClassVar, TypeVar, cast
 import msgspec
 
 from . import openai as oa
-from . import scan
 from .base import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_ELEMENTS,
     BytesLike,
     Codec,
     Framing,
-    check_limits,
+    limit_scan,
 )
 from .base import nbytes as _nbytes
 from .errors import CodecError, DecodeError, EncodeError
@@ -259,13 +258,10 @@ class _MsgspecCodec(Codec):
     binary: ClassVar[bool]
 
     def __init__(self, *, max_depth: int, max_elements: int) -> None:
-        check_limits(max_depth, max_elements)
+        self._scan, self._scan_above = limit_scan(self.binary, max_depth, max_elements)
         self.max_depth = max_depth
         self.max_elements = max_elements
         binary = self.binary
-        # As in DictCodec: input this short cannot break a limit, so it is not scanned.
-        self._scan = scan.check_msgpack if binary else scan.check_json
-        self._scan_above = min(max_elements, max_depth if binary else 2 * max_depth)
         self._to_struct: dict[type[Any], Any] = {
             TokenChunk: lambda c: chunk_to_struct(c, binary=binary),
             EmbeddingBatch: self._embeddings_struct,
