@@ -39,6 +39,7 @@ import inferwire.transports as it
 from inferwire.transports.proxy import DelayProxy
 
 from . import metrics, openloop, servers
+from .tables import table
 
 RAW_NAME: Final = "faults.json"
 SCENARIOS: Final = ("kill-restart", "drop", "stall")
@@ -313,11 +314,7 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
         "ok after recovery",
         "all accounted for",
     ]
-    left = {0, 1, 4}
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "| " + " | ".join("---" if i in left else "---:" for i in range(len(header))) + " |",
-    ]
+    body = []
     for r in rows:
         integrity = r["integrity"]
         counts = " / ".join(str(integrity[kind]) for kind, _ in metrics.INTEGRITY_KINDS)
@@ -332,8 +329,8 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
             f"{r['after_recovery_ok']}/{r['after_recovery']}",
             "yes" if r["accounted"] else "**no**",
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        body.append(cells)
+    return table(header, body, left=(0, 1, 4))
 
 
 def _summary(rows: Sequence[dict[str, Any]]) -> str:

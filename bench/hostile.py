@@ -81,13 +81,15 @@ class _Subject:
     type_: type[Any]
 
 
-def _cropped(message: Any) -> Any:
+def cropped(message: Any, side: int = 4) -> Any:
+    """The same message with its arrays cut to a few elements (same fields, same dtypes): an
+    embedding batch to 2 x 8, each tensor's last two axes to ``side`` x ``side``."""
     if isinstance(message, ic.EmbeddingBatch):
         return dataclasses.replace(message, vectors=np.ascontiguousarray(message.vectors[:2, :8]))
     if isinstance(message, ic.InferRequest):
         inputs = []
         for tensor in message.inputs:
-            data = np.ascontiguousarray(tensor.data[..., :4, :4])
+            data = np.ascontiguousarray(tensor.data[..., :side, :side])
             inputs.append(dataclasses.replace(tensor, shape=data.shape, data=data))
         return dataclasses.replace(message, inputs=tuple(inputs))
     return message
@@ -98,7 +100,7 @@ def _subject(codec: ic.Codec, workload: str) -> _Subject:
     # a stream's first chunk (fields at their defaults) and last (finish reason and usage)
     unary = [messages[0], messages[-1]] if len(messages) > 1 else list(messages)
     if codec.media_type == "application/json":
-        unary = [m if len(codec.encode(m)) <= LARGE_JSON_BYTES else _cropped(m) for m in unary]
+        unary = [m if len(codec.encode(m)) <= LARGE_JSON_BYTES else cropped(m) for m in unary]
     streamed = messages[-TAIL_CHUNKS:] if len(messages) > LONG_STREAM_CHUNKS else messages
     if len(messages) == 1:
         streamed = unary

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from . import peers
+from .tables import table as _table
 
 LOAD_RAW = "load.json"
 PEERS_RAW = "peers.json"
@@ -20,15 +21,6 @@ def _infos(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [bench["extra_info"] for bench in json.loads(path.read_text())["benchmarks"]]
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |",
-    ]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _load_average(value: Any) -> float:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .tables import table as _table
+
 CONNECTIONS_RAW = "connections.json"
 STAGES_RAW = "stages.json"
 STAGE_NAMES = ("serialize", "write", "network", "parse")
@@ -34,15 +36,6 @@ def _load(path: Path) -> list[dict[str, Any]]:
         }
         for bench in raw["benchmarks"]
     ]
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |",
-    ]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _ms(seconds: float) -> str:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import transport_report, workloads
+from .tables import table as _table
 
 WRAPPER_TARGET = 1.05
 FLAT_DECODE_TARGET = 2.0
@@ -84,15 +84,6 @@ def _us(seconds: float) -> str:
 
 def _ratio(value: float) -> str:
     return f"{value:.2f}x"
-
-
-def _table(header: list[str], rows: Iterable[list[str]]) -> str:
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |",
-    ]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def codec_tables(results: list[Result]) -> str:

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .tables import table as _table
+
 RAW_NAME = "transports.json"
 TRANSPORT_TARGET = 3.0
 TRANSPORT_ORDER = ("tcp", "http1", "http1-new-connection", "http2", "grpc")
@@ -83,15 +85,6 @@ def target_rows(results: list[TransportResult]) -> list[list[str]]:
                 ]
             )
     return rows
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |",
-    ]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def section(results: list[TransportResult]) -> str:

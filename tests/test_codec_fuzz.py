@@ -168,17 +168,7 @@ def feed_all(label: str, pieces: Sequence[bytes], type_: type[Any]) -> Fed:
 # -- the payloads --------------------------------------------------------------------------
 
 
-def cropped(message: Any) -> Any:
-    """The same message with its arrays cut to a few elements (same fields, same dtypes)."""
-    if isinstance(message, ic.EmbeddingBatch):
-        return dataclasses.replace(message, vectors=np.ascontiguousarray(message.vectors[:2, :8]))
-    if isinstance(message, ic.InferRequest):
-        inputs = []
-        for tensor in message.inputs:
-            data = np.ascontiguousarray(tensor.data[..., :4, :4])
-            inputs.append(dataclasses.replace(tensor, shape=data.shape, data=data))
-        return dataclasses.replace(message, inputs=tuple(inputs))
-    return message
+cropped = hostile.cropped
 
 
 def prefix_messages(workload: str) -> list[Any]:

@@ -21,7 +21,6 @@ tests/test_atheris.py runs this for a bounded number of runs.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import sys
 import tempfile
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import atheris  # type: ignore[import-untyped]
-import numpy as np
 
 with atheris.instrument_imports(include=["inferwire.codecs"]):
     import inferwire.codecs as ic
@@ -40,7 +38,7 @@ with atheris.instrument_imports(include=["inferwire.codecs"]):
     CODECS.append(("delta-pure", DeltaCodec(pure_python=True)))
 
 # after the codecs, which it imports: imported first, they would not be instrumented
-from inferwire.bench import workloads
+from inferwire.bench import hostile, workloads
 
 STREAM = 0xC0
 MAX_LEN = 4096
@@ -80,24 +78,12 @@ def test_one_input(data: bytes) -> None:
         _check(value, type_, label)
 
 
-def _cropped(message: Any) -> Any:
-    if isinstance(message, ic.EmbeddingBatch):
-        return dataclasses.replace(message, vectors=np.ascontiguousarray(message.vectors[:2, :8]))
-    if isinstance(message, ic.InferRequest):
-        inputs = []
-        for tensor in message.inputs:
-            array = np.ascontiguousarray(tensor.data[..., :2, :2])
-            inputs.append(dataclasses.replace(tensor, shape=array.shape, data=array))
-        return dataclasses.replace(message, inputs=tuple(inputs))
-    return message
-
-
 def seeds() -> list[bytes]:
     """Every codec's encodings of every workload it carries, unary and streamed."""
     out: list[bytes] = []
     for index, (label, codec) in enumerate(CODECS):
         for workload in workloads.names():
-            messages = [_cropped(m) for m in workloads.get(workload).messages()]
+            messages = [hostile.cropped(m, side=2) for m in workloads.get(workload).messages()]
             type_ = type(messages[0])
             if type_ not in codec.types:
                 continue

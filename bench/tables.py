@@ -1,0 +1,15 @@
+"""The one markdown table writer of the report modules."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+
+
+def table(header: list[str], rows: Iterable[list[str]], *, left: Collection[int] = (0,)) -> str:
+    """A markdown table: ``left`` names the columns aligned left, the others align right."""
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" if i in left else "---:" for i in range(len(header))) + " |",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
