@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import ssl
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import ClassVar
 
 from inferwire.codecs import Codec, InferRequest, InferResponse, TokenChunk
 
-from .common import DEFAULT_LIMITS, Limits
+from .common import BACKLOG, DEFAULT_LIMITS, Limits
 from .service import GenerateRequest, SimulatedService
 from .timing import StreamTiming
 from .tls import ClientTls, ServerTls
@@ -122,6 +122,22 @@ class Server(ABC):
         if task is not None:
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
+
+    async def _serve_streams(
+        self,
+        handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+        read_bytes: int,
+    ) -> tuple[str, int]:
+        """Listen with asyncio streams (``read_bytes``: the reader's buffer limit) and bind."""
+        server = await asyncio.start_server(
+            handle,
+            self.host,
+            self.port,
+            ssl=self.ssl_context,
+            limit=read_bytes,
+            backlog=BACKLOG,
+        )
+        return self._bound(server)
 
     def _bound(self, server: asyncio.Server) -> tuple[str, int]:
         self._server = server

@@ -32,7 +32,7 @@ import orjson
 import inferwire.codecs as ic
 
 from .base import Client, Server
-from .common import BACKLOG, aclose_quietly, connect_tcp, error_body, error_detail, mapped
+from .common import aclose_quietly, connect_tcp, error_body, error_detail, mapped
 from .errors import (
     MessageTooLargeError,
     ProtocolError,
@@ -58,15 +58,7 @@ class TcpServer(Server):
     transport: ClassVar[str] = "tcp"
 
     async def start(self) -> tuple[str, int]:
-        server = await asyncio.start_server(
-            self._handle,
-            self.host,
-            self.port,
-            ssl=self.ssl_context,
-            limit=_READ_BYTES,
-            backlog=BACKLOG,
-        )
-        return self._bound(server)
+        return await self._serve_streams(self._handle, _READ_BYTES)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._track()
