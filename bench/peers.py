@@ -76,11 +76,11 @@ def make_app(service: it.SimulatedService, codec: ic.Codec) -> Starlette:
             generate = it.GenerateRequest.from_json_obj(obj)
             if isinstance(obj, dict) and obj.get("stream") is False:
                 raise it.BadRequestError("only streaming completions are served: set stream")
-            service.chunks(generate)  # refuse a bad request before the stream starts
+            stream = service.open(generate)  # a bad request is refused before a stream
         except (orjson.JSONDecodeError, it.BadRequestError) as exc:
             return Response(error_body(400, str(exc)), 400, media_type="application/json")
         return StreamingResponse(
-            _frames(service, codec, generate),
+            _frames(service, codec, stream),
             media_type=codec.stream_media_type,
             headers={"cache-control": "no-cache"},
         )
@@ -90,11 +90,12 @@ def make_app(service: it.SimulatedService, codec: ic.Codec) -> Starlette:
 
 
 async def _frames(
-    service: it.SimulatedService, codec: ic.Codec, request: it.GenerateRequest
+    service: it.SimulatedService, codec: ic.Codec, stream: it.TokenStream
 ) -> AsyncIterator[bytes]:
-    """As ``HttpApp._frames`` without server timing: one codec frame per chunk, then the end."""
+    """What an application written on the framework sends: one codec frame per chunk as the
+    service produces it, then the end marker."""
     encoder = codec.stream_encoder()
-    async with contextlib.aclosing(service.generate(request)) as chunks:
+    async with contextlib.aclosing(service.generate(stream)) as chunks:
         async for chunk in chunks:
             yield encoder.encode(chunk)
     yield encoder.end()

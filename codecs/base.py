@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, Final, Literal, TypeVar
 
 from . import scan
 from .framing import (
     DEFAULT_MAX_FRAME_BYTES,
     BytesLike,
     Framing,
+    MessageDecoder,
+    MessageEncoder,
     StreamDecoder,
     StreamEncoder,
     stream_decoder,
@@ -34,6 +36,7 @@ __all__ = [
     "Framing",
     "StreamDecoder",
     "StreamEncoder",
+    "StreamShape",
 ]
 
 M = TypeVar("M")
@@ -74,6 +77,9 @@ def limit_scan(
     return check, min(max_elements, max_depth if binary else 2 * max_depth)
 
 
+StreamShape = Literal["independent", "stateful"]
+"""How the chunks of a codec's stream relate (:attr:`Codec.stream_shape`)."""
+
 ALL_TYPES: Final[frozenset[type[Any]]] = frozenset(
     {TokenChunk, EmbeddingBatch, InferRequest, InferResponse}
 )
@@ -103,6 +109,11 @@ class Codec(ABC):
     framings: ClassVar[tuple[Framing, ...]] = ("length-prefixed",)
     """The framings this codec can use (text framings need a text format)."""
     default_stream_type: ClassVar[type[Any]] = TokenChunk
+    stream_shape: ClassVar[StreamShape] = "independent"
+    """``"independent"``: each chunk of a stream is one whole message that :meth:`decode` reads
+    alone. ``"stateful"``: a frame depends on the frames before it (a header, a string table),
+    so only the stream decoder reads it. A transport that carries messages rather than bytes
+    asks for :meth:`message_encoder` and :meth:`message_decoder`, which follow the shape."""
 
     def _use_framing(self, framing: Framing | None) -> None:
         if framing is None:
@@ -126,13 +137,40 @@ class Codec(ABC):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> StreamDecoder[Any]:
         """A fresh decoder for one stream of ``type_`` messages (token chunks by default)."""
+        return stream_decoder(self.framing, self._decoder_of(type_), max_frame_bytes)
+
+    def _decoder_of(self, type_: type[Any] | None) -> Callable[[BytesLike], Any]:
+        """:meth:`decode` of one message of ``type_`` (the stream type by default)."""
         message_type = self.default_stream_type if type_ is None else type_
         decode = self.decode
 
         def decode_one(data: BytesLike) -> Any:
             return decode(data, message_type)
 
-        return stream_decoder(self.framing, decode_one, max_frame_bytes)
+        return decode_one
+
+    def message_encoder(self) -> StreamEncoder:
+        """A fresh encoder of one stream for a transport that carries whole messages (gRPC):
+        each call returns the bytes of one message, and :meth:`~StreamEncoder.end` the last
+        one's (empty when the shape needs no end message: the transport's end of call is the
+        stream's end). Independent chunks travel unframed, one a message; a stateful codec's
+        frames travel one a message, its end marker included."""
+        if self.stream_shape == "stateful":
+            return self.stream_encoder()
+        return MessageEncoder(self.encode)
+
+    def message_decoder(
+        self,
+        type_: type[Any] | None = None,
+        /,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> StreamDecoder[Any]:
+        """A fresh decoder of what :meth:`message_encoder` wrote: feed it one message at a
+        time. Every limit of the codec holds, as for :meth:`decode`."""
+        if self.stream_shape == "stateful":
+            return self.stream_decoder(type_, max_frame_bytes=max_frame_bytes)
+        return MessageDecoder(self._decoder_of(type_), max_frame_bytes)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

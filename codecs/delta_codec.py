@@ -61,7 +61,14 @@ from importlib import resources
 from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
 
 from . import compat, pbwire
-from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, BytesLike, Codec, check_limits
+from .base import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_ELEMENTS,
+    BytesLike,
+    Codec,
+    StreamShape,
+    check_limits,
+)
 from .errors import (
     BadMagicError,
     CodecError,
@@ -1104,6 +1111,7 @@ class DeltaCodec(Codec):
     media_type: ClassVar[str] = "application/vnd.inferwire.delta"
     stream_media_type: ClassVar[str] = "application/vnd.inferwire.delta"
     types: ClassVar[frozenset[type[Any]]] = frozenset({TokenChunk})
+    stream_shape: ClassVar[StreamShape] = "stateful"
 
     def __init__(
         self,

@@ -9,6 +9,11 @@ doc/PROTOCOL-HTTP2.md): one kind byte, a 4-byte big-endian payload length, the p
 Kind 0 carries one message; kind 1 ends the stream and its 8-byte big-endian payload is the
 number of messages sent, which the decoder checks.
 
+Transports that carry whole messages (gRPC) take a codec's *message* stream instead
+(:meth:`~inferwire.codecs.Codec.message_encoder`): for a codec whose chunks are independent
+messages, one unframed message per chunk, the transport's own end of call ending the stream
+(:class:`MessageEncoder`); a stateful codec's stream frames, one a message, end marker included.
+
 Server-sent events (https://html.spec.whatwg.org/multipage/server-sent-events.html): each
 message is ``data: <json>\\n\\n`` and the stream ends with ``data: [DONE]\\n\\n``, exactly as
 OpenAI-compatible servers send it. NDJSON: one JSON object a line, ending with the line
@@ -78,7 +83,7 @@ class _CountingEncoder:
 
     __slots__ = ("_encode", "count")
 
-    def __init__(self, encode: Callable[[object], bytes]) -> None:
+    def __init__(self, encode: Callable[[Any], bytes]) -> None:
         self._encode = encode
         self.count = 0
 
@@ -342,6 +347,52 @@ class NdjsonDecoder(_BufferedDecoder, Generic[M]):
         if len(buffer) > self.max_frame_bytes:
             raise FrameTooLargeError(len(buffer), self.max_frame_bytes)
         return out
+
+
+class MessageEncoder(_CountingEncoder):
+    """One unframed message per chunk, for a transport that frames messages itself (gRPC): its
+    end of call ends the stream, so :meth:`end` has nothing to add."""
+
+    __slots__ = ()
+
+    def encode(self, message: object, /) -> bytes:
+        self.count += 1
+        return self._encode(message)
+
+    def end(self) -> bytes:
+        return b""
+
+
+class MessageDecoder(Generic[M]):
+    """Reads what :class:`MessageEncoder` wrote: each :meth:`feed` is exactly one message.
+
+    The transport's end of call is the stream's end, so :meth:`close` has nothing to check; a
+    message over ``max_frame_bytes`` is refused before it is decoded."""
+
+    __slots__ = ("_decode", "count", "finished", "max_frame_bytes")
+
+    def __init__(
+        self, decode: Callable[[BytesLike], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
+        if max_frame_bytes <= 0:
+            raise ValueError("max_frame_bytes must be positive")
+        self._decode = decode
+        self.max_frame_bytes = max_frame_bytes
+        self.count = 0
+        self.finished = False
+
+    def feed(self, data: BytesLike, /) -> list[M]:
+        if self.finished:
+            raise DecodeError("a message after the end of the stream")
+        size = data.nbytes if type(data) is memoryview else len(data)
+        if size > self.max_frame_bytes:
+            raise FrameTooLargeError(size, self.max_frame_bytes)
+        message = self._decode(data)
+        self.count += 1
+        return [message]
+
+    def close(self) -> None:
+        self.finished = True
 
 
 def stream_encoder(framing: Framing, encode: Callable[[Any], bytes]) -> StreamEncoder:

@@ -141,13 +141,15 @@ class SessionRequest(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., infer: _Optional[_Union[InferRequest, _Mapping]] = ..., generate: _Optional[_Union[GenerateRequest, _Mapping]] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("request_id", "infer", "chunk", "end")
+    __slots__ = ("request_id", "infer", "chunk", "end", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INFER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     infer: InferResponse
     chunk: TokenChunk
     end: StreamEnd
-    def __init__(self, request_id: _Optional[int] = ..., infer: _Optional[_Union[InferResponse, _Mapping]] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ...) -> None: ...
+    error: str
+    def __init__(self, request_id: _Optional[int] = ..., infer: _Optional[_Union[InferResponse, _Mapping]] = ..., chunk: _Optional[_Union[TokenChunk, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...

@@ -67,7 +67,9 @@ class InferenceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Session(self, request_iterator, context):
-        """One long-lived bidirectional stream that carries many requests in turn.
+        """One long-lived bidirectional stream that carries many requests in turn. With a codec other
+        than protobuf, the model messages inside the envelopes (and Infer's and Generate's
+        messages) are that codec's bytes in the same fields.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

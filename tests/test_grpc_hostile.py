@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import tracemalloc
 from collections.abc import AsyncIterator
 
 import grpc
@@ -186,6 +187,49 @@ def test_grpc_response_over_the_client_limit_is_message_too_large() -> None:
             await server.stop(grace=None)
 
     asyncio.run(run())
+
+
+MILLION = 1_000_000
+
+
+@pytest.mark.parametrize("codec", ["protobuf", "msgpack", "orjson"])
+def test_grpc_client_holds_the_codec_limits_on_a_hostile_stream(codec: str) -> None:
+    """A server that sends one chunk of a million token ids (3-7 MB, under the 64 MiB message
+    limit): the client decodes through the codec, whose element budget (262,144) refuses it
+    before a million Python ints are built (about 36 MB); the error is the transport's."""
+    hostile = ic.get(codec).encode(
+        ic.TokenChunk(
+            id="x", model="m", created=0, index=0, seq=0, text="", token_ids=tuple(range(MILLION))
+        )
+    )
+
+    async def generate(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        yield hostile
+
+    async def run() -> tuple[BaseException | None, int]:
+        server = grpc.aio.server()
+        handlers = {"Generate": grpc.unary_stream_rpc_method_handler(generate)}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with it.connect("grpc", f"127.0.0.1:{port}", codec=codec) as client:
+                received: list[ic.TokenChunk] = []
+                tracemalloc.start()
+                try:
+                    error = await _consume(client.generate(it.GenerateRequest()), received)
+                    peak = tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+                assert received == []
+                return error, peak
+        finally:
+            await server.stop(grace=None)
+
+    error, peak = asyncio.run(run())
+    assert isinstance(error, it.ProtocolError), repr(error)
+    assert isinstance(error.__cause__, ic.ElementBudgetError), repr(error.__cause__)
+    assert peak < 3 * len(hostile) + (4 << 20), f"peak {peak} bytes for {len(hostile)} received"
 
 
 # -- deadlines and cancels free the handler -----------------------------------------------

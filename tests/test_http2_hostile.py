@@ -39,7 +39,9 @@ from hyperframe.frame import (
 )
 
 import inferwire.transports as it
+from inferwire.transports import errors as it_errors
 from inferwire.transports import h2guard, http2
+from inferwire.transports.http2.server import ServerProtocol
 from tests.fault_helpers import Running, assert_serves, serving, wait_until
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -123,7 +125,7 @@ class Peer:
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    protocol: http2._H2ServerProtocol
+    protocol: ServerProtocol
     received: bytearray = field(default_factory=bytearray)
 
     async def send(self, data: bytes) -> bool:
@@ -223,21 +225,21 @@ GUARD_CASES = {
     ),
     "16 MiB header": (
         ((1 << 24) - 1).to_bytes(3, "big") + b"\0\0\0\0\0\1",
-        h2guard.FrameTooLargeError,
+        it_errors.PeerFrameTooLargeError,
     ),
     "max frame": (DataFrame(1, b"x" * 16_384).serialize(), None),
-    "max frame + 1": (DataFrame(1, b"x" * 16_385).serialize(), h2guard.FrameTooLargeError),
+    "max frame + 1": (DataFrame(1, b"x" * 16_385).serialize(), it_errors.PeerFrameTooLargeError),
     "header block over the limit": (
         serialize(
             HeadersFrame(1, _BLOCK_PIECE),
             ContinuationFrame(1, _BLOCK_PIECE),
             ContinuationFrame(1, _BLOCK_PIECE),
         ),
-        h2guard.HeaderBlockTooLargeError,
+        it_errors.HeaderBlockTooLargeError,
     ),
     "pings": (_flood("ping", 100), None),
-    "pings + 1": (_flood("ping", 101), h2guard.IdleFloodError),
-    "empty DATA": (_flood("empty-data", 101), h2guard.IdleFloodError),
+    "pings + 1": (_flood("ping", 101), it_errors.IdleFloodError),
+    "empty DATA": (_flood("empty-data", 101), it_errors.IdleFloodError),
     "pings with progress": (
         (_flood("ping", 99) + DataFrame(1, b"x").serialize()) * 5,
         None,
@@ -249,7 +251,7 @@ GUARD_CASES = {
 @pytest.mark.parametrize("split", [None, 1, 7])
 @pytest.mark.parametrize(("data", "error"), GUARD_CASES.values(), ids=GUARD_CASES.keys())
 def test_frame_guard_verdict_does_not_depend_on_how_bytes_arrive(
-    data: bytes, error: type[h2guard.GuardError] | None, split: int | None
+    data: bytes, error: type[it_errors.PeerLimitError] | None, split: int | None
 ) -> None:
     guard = _guard()
     pieces = [PREFACE + data] if split is None else [PREFACE[:5], PREFACE[5:]]
@@ -259,7 +261,7 @@ def test_frame_guard_verdict_does_not_depend_on_how_bytes_arrive(
     for piece in pieces:
         try:
             guard.feed(piece)
-        except h2guard.GuardError as exc:
+        except it_errors.PeerLimitError as exc:
             raised = exc
             break
     if error is None:

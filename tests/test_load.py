@@ -37,12 +37,12 @@ class StallingService(it.SimulatedService):
         self.max_active = 0
 
     async def batches(
-        self, request: it.GenerateRequest, *, max_chunks: int = 32
+        self, stream: it.TokenStream, *, max_chunks: int = 32
     ) -> AsyncGenerator[list[ic.TokenChunk], None]:
         # every server streams from here (generate() too)
         if self.every and (self.streams_started + 1) % self.every == 0:
             time.sleep(self.stall_s)  # blocking on purpose
-        async with contextlib.aclosing(super().batches(request, max_chunks=max_chunks)) as it_:
+        async with contextlib.aclosing(super().batches(stream, max_chunks=max_chunks)) as it_:
             async for batch in it_:
                 self.max_active = max(self.max_active, self.active_streams)
                 yield batch

@@ -20,6 +20,7 @@ import inferwire.codecs as ic
 from .base import Client, Server
 from .common import DEFAULT_LIMITS, DEFAULT_MAX_MESSAGE_BYTES, Limits, split_address
 from .errors import (
+    BadRequestError,
     CancelledByPeerError,
     ConnectError,
     MessageTooLargeError,
@@ -29,7 +30,7 @@ from .errors import (
     TransportError,
     TransportTimeoutError,
 )
-from .service import BadRequestError, GenerateRequest, SimulatedService, Source
+from .service import GenerateRequest, SimulatedService, Source, TokenStream
 from .timing import StreamTiming
 from .tls import ClientTls, ServerTls, make_test_certificates
 
@@ -52,6 +53,7 @@ __all__ = [
     "Source",
     "StreamTiming",
     "StreamTruncatedError",
+    "TokenStream",
     "TransportError",
     "TransportTimeoutError",
     "client_class",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
 import orjson
 
@@ -61,27 +61,43 @@ def error_detail(body: bytes) -> str:
         return body[:200].decode(errors="replace")
 
 
-def raise_transport(exc: BaseException, what: str) -> NoReturn:
-    """Translate a socket/TLS/timeout exception into the package's own."""
+ErrorMap = Mapping[type[BaseException], type[TransportError]]
+"""A transport's own foreign exceptions (its library's) and what each becomes."""
+
+
+def translate(exc: Exception, what: str, errors: ErrorMap | None = None) -> Exception:
+    """The package's own exception for a foreign one: ``errors`` (the transport's library)
+    first, then what every transport meets (timeouts, TLS, a lost connection, bytes a codec
+    refuses). An exception that is already ours, or that nothing maps, comes back as it is."""
     if isinstance(exc, TransportError):
-        raise exc
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
-        raise TransportTimeoutError(f"{what}: timed out") from exc
+        return exc
+    for foreign, ours in (errors or {}).items():
+        if isinstance(exc, foreign):
+            return ours(f"{what}: {exc}")
+    if isinstance(exc, TimeoutError):
+        return TransportTimeoutError(f"{what}: timed out")
     if isinstance(exc, ssl.SSLError):
-        raise ConnectError(f"{what}: TLS: {exc}") from exc
+        return ConnectError(f"{what}: TLS: {exc}")
     if isinstance(exc, (ConnectionError, OSError, asyncio.IncompleteReadError, EOFError)):
-        raise ProtocolError(f"{what}: connection lost: {exc!r}") from exc
+        return ProtocolError(f"{what}: connection lost: {exc!r}")
     if isinstance(exc, ic.CodecError):
-        raise ProtocolError(f"{what}: {exc}") from exc
-    raise exc
+        return ProtocolError(f"{what}: {exc}")
+    return exc
 
 
 @contextlib.contextmanager
-def mapped(what: str) -> Iterator[None]:
+def map_exceptions(what: str, errors: ErrorMap | None = None) -> Iterator[None]:
+    """The one boundary where a transport's foreign exceptions become
+    :class:`TransportError` (``raise ... from`` the original), as httpcore's
+    ``map_exceptions``: ``errors`` names the transport library's own, :func:`translate` adds
+    the socket's and the codec's. Anything else (a cancellation, a bug) passes unchanged."""
     try:
         yield
-    except (OSError, TimeoutError, asyncio.IncompleteReadError, EOFError, ic.CodecError) as exc:
-        raise_transport(exc, what)
+    except Exception as exc:
+        ours = translate(exc, what, errors)
+        if ours is exc:
+            raise
+        raise ours from exc
 
 
 async def connect_tcp(
@@ -98,7 +114,7 @@ async def connect_tcp(
             ),
             timeout_s,
         )
-    except (OSError, TimeoutError, ssl.SSLError) as exc:
+    except OSError as exc:  # TLS and timeouts included: before a connection, all are ConnectError's
         if isinstance(exc, TimeoutError):
             raise TransportTimeoutError(f"connect to {host}:{port}: timed out") from exc
         raise ConnectError(f"connect to {host}:{port}: {exc}") from exc

@@ -27,6 +27,27 @@ class ProtocolError(TransportError):
     """The peer broke the protocol: bytes that do not parse, a frame out of place."""
 
 
+class PeerLimitError(ProtocolError):
+    """An HTTP/2 peer passed one of the server's limits; ``error_code`` is the GOAWAY code to
+    close with (RFC 9113, section 7)."""
+
+    error_code: int = 0xB  # ENHANCE_YOUR_CALM
+
+
+class PeerFrameTooLargeError(PeerLimitError):
+    """A frame header declares more than SETTINGS_MAX_FRAME_SIZE (RFC 9113, section 4.2)."""
+
+    error_code = 0x6  # FRAME_SIZE_ERROR
+
+
+class HeaderBlockTooLargeError(PeerLimitError):
+    """A header block (HEADERS and CONTINUATION frames) grew past the limit compressed."""
+
+
+class IdleFloodError(PeerLimitError):
+    """Too many frames in a row that moved no request forward (PING, SETTINGS, empty DATA)."""
+
+
 class StreamTruncatedError(ProtocolError):
     """A stream stopped before its end marker: the connection closed or reset mid-stream.
 
@@ -35,6 +56,16 @@ class StreamTruncatedError(ProtocolError):
     def __init__(self, message: str, *, chunks_received: int = 0) -> None:
         super().__init__(message)
         self.chunks_received = chunks_received
+
+
+class StreamNotProcessedError(StreamTruncatedError):
+    """The server's GOAWAY says it never processed this stream: safe to send again
+    (RFC 9113, section 6.8)."""
+
+
+class PeerNotReadingError(TransportTimeoutError):
+    """The socket stayed backed up for the whole timeout: the connection, not one stream, is
+    stuck."""
 
 
 class MessageTooLargeError(TransportError):
@@ -54,3 +85,9 @@ class RemoteError(TransportError):
 
 class CancelledByPeerError(TransportError):
     """The server cancelled the call (gRPC ``CANCELLED``, HTTP/2 ``RST_STREAM``)."""
+
+
+class BadRequestError(ValueError):
+    """A request the service cannot answer: transports send it back as 400 /
+    ``INVALID_ARGUMENT`` and keep serving. Not a :class:`TransportError`: nothing failed to
+    move, the request itself is wrong."""

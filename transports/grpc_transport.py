@@ -2,39 +2,41 @@
 
 ``Infer`` is unary, ``Generate`` server-streaming, ``Session`` one long-lived bidirectional
 stream carrying many requests in turn. The request of ``Generate`` is always the schema's
-``GenerateRequest``; what the codec decides is how the model's messages travel:
+``GenerateRequest``; the model's messages are the codec's bytes, carried through generic
+(bytes in, bytes out) handlers and calls:
 
-* ``protobuf`` is native: the client calls the generated ``InferenceStub`` and the messages are
-  the schema's own;
-* any other codec is carried as bytes through custom (de)serializers, one codec message per
-  gRPC message; a stateful stream codec (``delta``) sends its stream's bytes, header and end
-  marker included, one frame per gRPC message;
-* on ``Session``, other codecs tag each message with one byte (``G``/``I`` requests with a
-  request id; ``C`` chunk, ``E`` end, ``I`` infer response, ``X`` error).
+* a token stream is the codec's *message stream* (:meth:`inferwire.codecs.Codec.message_encoder`),
+  one gRPC message each: with a codec whose chunks are independent (``protobuf``, the JSON and
+  MessagePack codecs) one chunk a message, so that with ``protobuf`` ``Generate`` is exactly the
+  schema's ``stream TokenChunk``; with a stateful one (``delta``) one frame a message, header and
+  end marker included;
+* ``Infer`` carries the codec's ``InferRequest`` and ``InferResponse``;
+* ``Session`` wraps each in the schema's envelopes (:mod:`inferwire.transports.grpc_envelope`).
 
-The server decodes requests inside its handlers (not in gRPC's deserializer), so a malformed
-request is ``INVALID_ARGUMENT`` rather than gRPC's generic ``INTERNAL``.
+The client decodes with the codec, so every decode limit of the codec holds on gRPC as on the
+other transports. The server decodes requests inside its handlers (not in gRPC's
+deserializer), so a malformed request is ``INVALID_ARGUMENT`` rather than gRPC's ``INTERNAL``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import struct
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any, ClassVar, Final
 
 import grpc
 import grpc.aio
+from google.protobuf import message as protobuf_message
 
 import inferwire.codecs as ic
-from inferwire.codecs import protobuf_codec
-from inferwire.codecs.delta_codec import DeltaCodec
 from inferwire.schemas import inferwire_pb2 as pb
-from inferwire.schemas import inferwire_pb2_grpc as pb_grpc
 
+from . import grpc_envelope as envelope
 from .base import Client, Server
+from .common import translate
 from .errors import (
+    BadRequestError,
     CancelledByPeerError,
     ConnectError,
     MessageTooLargeError,
@@ -44,12 +46,13 @@ from .errors import (
     TransportError,
     TransportTimeoutError,
 )
-from .service import BadRequestError, GenerateRequest
+from .grpc_envelope import RequestKind, ResponseKind
+from .service import GenerateRequest, TokenStream
+from .streams import ChunkReader, stream_frames
 from .timing import TRAILER, ServerStamps, StreamTiming, now_ns, unpack
 
 TRAILER_BIN: Final = TRAILER + "-bin"
 SERVICE: Final = pb.DESCRIPTOR.services_by_name["Inference"].full_name
-_ID: Final = struct.Struct(">Q")
 
 
 def _path(method: str) -> str:
@@ -95,10 +98,6 @@ def _request_to_pb(request: GenerateRequest) -> pb.GenerateRequest:
     )
 
 
-def _stateful(codec: ic.Codec) -> bool:
-    return isinstance(codec, DeltaCodec)
-
-
 class GrpcServer(Server):
     transport: ClassVar[str] = "grpc"
 
@@ -106,7 +105,6 @@ class GrpcServer(Server):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._grpc: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
-        self.native = isinstance(self.codec, protobuf_codec.ProtobufCodec)
 
     async def start(self) -> tuple[str, int]:
         server = grpc.aio.server(
@@ -146,19 +144,34 @@ class GrpcServer(Server):
 
     # -- handlers: bytes in, bytes out ----------------------------------------------------
 
-    def _generate_request(self, data: bytes) -> GenerateRequest:
+    def _open(self, data: bytes) -> TokenStream:
+        """The stream a ``GenerateRequest`` asks for. Raises :class:`BadRequestError`."""
+        if ic.TokenChunk not in self.codec.types:
+            raise BadRequestError(f"codec {self.codec.name!r} does not carry token streams")
         try:
             request = _request_from_pb(pb.GenerateRequest.FromString(data))
-            self.service.chunks(request)
-        except Exception as exc:  # protobuf's DecodeError, or ours
+        except (protobuf_message.DecodeError, BadRequestError) as exc:
             raise BadRequestError(f"bad GenerateRequest: {exc}") from exc
-        return request
+        return self.service.open(request)
+
+    def _answer(self, data: bytes) -> bytes:
+        """The codec's ``InferResponse`` to the codec's ``InferRequest`` in ``data``."""
+        try:
+            return self.codec.encode(self.service.infer(self.codec.decode(data, ic.InferRequest)))
+        except ic.CodecError as exc:
+            raise BadRequestError(str(exc)) from exc
+
+    def _frames(
+        self, stream: TokenStream, stamps: ServerStamps | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        """The gRPC messages of one stream: one chunk (or delta frame) a message."""
+        encoder = self.codec.message_encoder()
+        return stream_frames(self.service, stream, encoder, stamps, max_chunks=1)
 
     async def _infer(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
-            response = self.service.infer(self.codec.decode(data, ic.InferRequest))
-            return self.codec.encode(response)
-        except (ic.CodecError, BadRequestError) as exc:
+            return self._answer(data)
+        except BadRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # abort raises; this line is never reached
 
@@ -172,97 +185,51 @@ class GrpcServer(Server):
                 f"codec {self.codec.name!r} does not carry token streams",
             )
         try:
-            request = self._generate_request(data)
+            stream = self._open(data)
         except BadRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        if not request.timing:
-            async for message in self._stream(request):
+        stamps = None
+        if stream.request.timing:
+            stamps = ServerStamps(received_ns)
+            stamps.parsed()
+        frames = self._frames(stream, stamps)
+        async with contextlib.aclosing(frames):
+            async for message in frames:
                 yield message
-            return
-        stamps = ServerStamps(received_ns)
-        stamps.parsed()
-        async for message in self._stream(request, stamps):
-            yield message
-            stamps.written()  # grpc took the message: the nearest to "written" it tells
-        context.set_trailing_metadata(((TRAILER_BIN, stamps.pack()),))
-
-    async def _stream(
-        self, request: GenerateRequest, stamps: ServerStamps | None = None
-    ) -> AsyncGenerator[bytes, None]:
-        encoder = self.codec.stream_encoder() if _stateful(self.codec) else None
-        encode = encoder.encode if encoder is not None else self.codec.encode
-        async with contextlib.aclosing(self.service.generate(request)) as chunks:
-            if stamps is None:
-                async for chunk in chunks:
-                    yield encode(chunk)
-            else:
-                async for chunk in chunks:
-                    produced = now_ns()
-                    data = encode(chunk)
-                    stamps.encoded(produced, now_ns())
-                    yield data
-        if encoder is not None:
-            yield encoder.end()
+                if stamps is not None:
+                    stamps.written()  # grpc took the message: the nearest to "written" it tells
+        if stamps is not None:
+            context.set_trailing_metadata(((TRAILER_BIN, stamps.pack()),))
 
     async def _session(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         async for data in requests:
-            if self.native:
-                async for message in self._native_session_turn(data):
-                    yield message
-            else:
-                async for message in self._tagged_session_turn(data):
-                    yield message
+            try:
+                request_id, kind, body = envelope.read(data, "grpc Session")
+            except ProtocolError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            async for message in self._session_turn(request_id, kind, body):
+                yield message
 
-    async def _native_session_turn(self, data: bytes) -> AsyncIterator[bytes]:
+    async def _session_turn(self, request_id: int, kind: int, body: bytes) -> AsyncIterator[bytes]:
+        """The answers to one request of a session; a refused request is answered with an
+        ``error`` and the session goes on."""
         try:
-            message = pb.SessionRequest.FromString(data)
-        except Exception as exc:
-            raise BadRequestError(f"bad SessionRequest: {exc}") from exc
-        request_id = message.request_id
-        kind = message.WhichOneof("kind")
-        if kind == "infer":
-            request = protobuf_codec.request_from_pb(message.infer)
-            response = protobuf_codec.response_to_pb(self.service.infer(request))
-            yield pb.SessionResponse(request_id=request_id, infer=response).SerializeToString()
-            return
-        if kind != "generate":
-            raise BadRequestError("a SessionRequest carries infer or generate")
-        generate = _request_from_pb(message.generate)
-        self.service.chunks(generate)
-        count = 0
-        async with contextlib.aclosing(self.service.generate(generate)) as chunks:
-            async for chunk in chunks:
-                count += 1
-                yield pb.SessionResponse(
-                    request_id=request_id, chunk=protobuf_codec.chunk_to_pb(chunk)
-                ).SerializeToString()
-        yield pb.SessionResponse(
-            request_id=request_id, end=pb.StreamEnd(chunk_count=count)
-        ).SerializeToString()
-
-    async def _tagged_session_turn(self, data: bytes) -> AsyncIterator[bytes]:
-        if len(data) < 9 or data[:1] not in (b"G", b"I"):
-            raise BadRequestError("a session message is G or I, an 8-byte id, a body")
-        request_id = data[1:9]
-        body = data[9:]
-        try:
-            if data[:1] == b"I":
-                response = self.service.infer(self.codec.decode(body, ic.InferRequest))
-                yield b"I" + request_id + self.codec.encode(response)
+            if kind == RequestKind.INFER:
+                yield envelope.write(request_id, ResponseKind.INFER, self._answer(body))
                 return
-            request = self._generate_request(body)
-        except (ic.CodecError, BadRequestError) as exc:
-            yield b"X" + request_id + str(exc).encode()
+            if kind != RequestKind.GENERATE:
+                raise BadRequestError(f"a SessionRequest carries infer or generate, not {kind}")
+            stream = self._open(body)
+        except BadRequestError as exc:
+            yield envelope.write(request_id, ResponseKind.ERROR, str(exc).encode())
             return
-        count = 0
-        async for message in self._stream(request):
-            count += 1
-            yield b"C" + request_id + message
-        if _stateful(self.codec):
-            count -= 1  # the stream's end marker went as one more message
-        yield b"E" + request_id + _ID.pack(count)
+        frames = self._frames(stream)
+        async with contextlib.aclosing(frames):
+            async for message in frames:
+                yield envelope.write(request_id, ResponseKind.CHUNK, message)
+        yield envelope.write_end(request_id, len(stream.chunks))
 
 
 def _translate(exc: grpc.aio.AioRpcError, what: str, count: int = 0) -> TransportError:
@@ -291,6 +258,29 @@ def _task_cancelled() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+@contextlib.contextmanager
+def _mapped(what: str, stream: ChunkReader | None = None) -> Iterator[None]:
+    """The client's one error boundary: grpc's status errors by code, a call cancelled under
+    us (the channel or session closed; our own task's cancellation passes), codec errors."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        raise _translate(exc, what, 0 if stream is None else stream.count) from exc
+    except asyncio.CancelledError as exc:
+        if _task_cancelled():
+            raise
+        if stream is None:
+            raise CancelledByPeerError(f"grpc {what}: the call was cancelled") from exc
+        raise stream.truncated("the call was cancelled") from exc
+    except asyncio.InvalidStateError as exc:  # grpc's word for a call that has already ended
+        raise ProtocolError(f"grpc {what}: the call has ended") from exc
+    except Exception as exc:
+        ours = translate(exc, f"grpc {what}")
+        if ours is exc:
+            raise
+        raise ours from exc
+
+
 class GrpcClient(Client):
     """One channel, reused by every call. ``deadline_s`` bounds each call (None: no deadline)."""
 
@@ -306,8 +296,6 @@ class GrpcClient(Client):
             self.channel = grpc.aio.secure_channel(target, credentials, options=options)
         else:
             self.channel = grpc.aio.insecure_channel(target, options=options)
-        self.native = isinstance(self.codec, protobuf_codec.ProtobufCodec)
-        self._stub = pb_grpc.InferenceStub(self.channel)  # type: ignore[no-untyped-call]
         self._infer_bytes = self.channel.unary_unary(_path("Infer"))
         self._generate_bytes = self.channel.unary_stream(
             _path("Generate"), request_serializer=pb.GenerateRequest.SerializeToString
@@ -317,28 +305,16 @@ class GrpcClient(Client):
         if size > self.limits.max_message_bytes:
             raise MessageTooLargeError(f"grpc: request of {size} bytes is over the limit")
 
+    def _reader(self, timing: StreamTiming | None = None) -> ChunkReader:
+        what = "grpc Generate"
+        return ChunkReader.of_messages(self.codec, self.limits.max_message_bytes, what, timing)
+
     async def infer(self, request: ic.InferRequest) -> ic.InferResponse:
-        try:
-            if self.native:
-                pb_request = protobuf_codec.request_to_pb(request)
-                self._check_size(pb_request.ByteSize())
-                message = await self._stub.Infer(pb_request, timeout=self.deadline_s)
-                return protobuf_codec.response_from_pb(message)
-            payload = self.codec.encode(request)
-            self._check_size(len(payload))
+        payload = self.codec.encode(request)
+        self._check_size(len(payload))
+        with _mapped("Infer"):
             data = await self._infer_bytes(payload, timeout=self.deadline_s)
-        except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, "Infer") from exc
-        except asyncio.CancelledError as exc:
-            if _task_cancelled():
-                raise
-            raise CancelledByPeerError(
-                "grpc Infer: the call was cancelled (client closed)"
-            ) from exc
-        try:
             return self.codec.decode(data, ic.InferResponse)
-        except ic.CodecError as exc:
-            raise ProtocolError(f"grpc Infer: {exc}") from exc
 
     async def generate(
         self, request: GenerateRequest, *, timing: StreamTiming | None = None
@@ -348,61 +324,25 @@ class GrpcClient(Client):
         message = _request_to_pb(request)
         if timing is not None:
             message.timing = True
-        count = 0
-        if self.native:
-            call: Any = self._stub.Generate(message, timeout=self.deadline_s)
-            convert: Callable[[Any], list[ic.TokenChunk]] = lambda m: [  # noqa: E731
-                protobuf_codec.chunk_from_pb(m)
-            ]
-            decoder = None
-        else:
-            call = self._generate_bytes(message, timeout=self.deadline_s)
-            if _stateful(self.codec):
-                decoder = self.codec.stream_decoder(max_frame_bytes=self.limits.max_message_bytes)
-                convert = decoder.feed
-            else:
-                decoder = None
-                decode = self.codec.decode
-                convert = lambda m: [decode(m, ic.TokenChunk)]  # noqa: E731
+        stream = self._reader(timing)
+        call = self._generate_bytes(message, timeout=self.deadline_s)
         if timing is not None:
             # grpc serializes and sends in the background: the call is started by now
             timing.request_sent_ns = now_ns()
         done = False
         try:
-            async for data in call:
-                received = now_ns() if timing is not None else 0
-                try:
-                    chunks = convert(data)
-                except ic.CodecError as exc:
-                    raise ProtocolError(f"grpc Generate: {exc}") from exc
+            with _mapped("Generate", stream):
+                async for data in call:
+                    for chunk in stream.feed(data):
+                        yield chunk
+                stream.close()
                 if timing is not None:
-                    timing.decoded(len(chunks), received)
-                for chunk in chunks:
-                    count += 1
-                    yield chunk
-            if decoder is not None:
-                try:
-                    decoder.close()
-                except ic.IncompleteStreamError as exc:
-                    raise StreamTruncatedError(
-                        f"grpc Generate: stream ended after {count} chunks", chunks_received=count
-                    ) from exc
-            if timing is not None:
-                trailing = dict(await call.trailing_metadata() or ())
-                packed = trailing.get(TRAILER_BIN)
-                if not isinstance(packed, bytes):
-                    raise ProtocolError("grpc Generate: the timed stream has no timing trailer")
-                timing.set_server(unpack(packed))
+                    trailing = dict(await call.trailing_metadata() or ())
+                    packed = trailing.get(TRAILER_BIN)
+                    if not isinstance(packed, bytes):
+                        raise ProtocolError("grpc Generate: the timed stream has no timing trailer")
+                    timing.set_server(unpack(packed))
             done = True
-        except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, "Generate", count) from exc
-        except asyncio.CancelledError as exc:
-            if _task_cancelled():
-                raise
-            raise StreamTruncatedError(
-                f"grpc Generate: the call was cancelled (client closed) after {count} chunks",
-                chunks_received=count,
-            ) from exc
         finally:
             if not done:
                 call.cancel()
@@ -435,80 +375,38 @@ class GrpcSession:
             await self._call.done_writing()
         self._call.cancel()
 
-    async def _write(self, message: bytes) -> None:
-        try:
-            await self._call.write(message)
-        except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, "Session") from exc
-        except (asyncio.CancelledError, asyncio.InvalidStateError) as exc:
-            # grpc's word for a call that has ended (closed, cancelled) under the writer
-            if isinstance(exc, asyncio.CancelledError) and _task_cancelled():
-                raise
-            raise ProtocolError("grpc Session: the session has ended") from exc
-
-    async def _read(self, what: str, count: int = 0) -> bytes:
-        try:
+    async def _read(self, request_id: int, stream: ChunkReader) -> tuple[int, bytes]:
+        """The next answer to ``request_id``: (its kind, its bytes)."""
+        with _mapped("Session", stream):
             data = await self._call.read()
-        except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, what, count) from exc
-        except asyncio.CancelledError as exc:
-            # the call was cancelled under the reader (the session closed): a truncated
-            # stream, as for Generate; only our own task's cancellation is re-raised
-            if _task_cancelled():
-                raise
-            raise StreamTruncatedError(
-                f"grpc {what}: the session was cancelled after {count} chunks",
-                chunks_received=count,
-            ) from exc
         if data is grpc.aio.EOF:
-            raise StreamTruncatedError(f"grpc {what}: session ended", chunks_received=count)
-        return bytes(data)
+            raise stream.truncated("session ended")
+        answered, kind, body = envelope.read(bytes(data), "grpc Session")
+        if answered != request_id:
+            raise ProtocolError("grpc Session: answer to another request")
+        return kind, body
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[ic.TokenChunk]:
         async with self._lock:
             request_id, self._next_id = self._next_id, self._next_id + 1
             codec = self.client.codec
-            message = _request_to_pb(request)
-            native = self.client.native
-            if native:
-                await self._write(
-                    pb.SessionRequest(request_id=request_id, generate=message).SerializeToString()
-                )
-            else:
-                await self._write(b"G" + _ID.pack(request_id) + message.SerializeToString())
-            decoder = codec.stream_decoder() if _stateful(codec) else None
-            count = 0
+            stream = ChunkReader.of_messages(
+                codec, self.client.limits.max_message_bytes, "grpc Session"
+            )
+            message = _request_to_pb(request).SerializeToString()
+            with _mapped("Session", stream):
+                await self._call.write(envelope.write(request_id, RequestKind.GENERATE, message))
             while True:
-                data = await self._read("Session", count)
-                if native:
-                    response = pb.SessionResponse.FromString(data)
-                    if response.request_id != request_id:
-                        raise ProtocolError("grpc Session: answer to another request")
-                    kind = response.WhichOneof("kind")
-                    if kind == "end":
-                        if response.end.chunk_count != count:
-                            raise StreamTruncatedError(
-                                "grpc Session: chunk count mismatch", chunks_received=count
-                            )
-                        return
-                    count += 1
-                    yield protobuf_codec.chunk_from_pb(response.chunk)
-                    continue
-                tag, body = data[:1], data[9:]
-                if _ID.unpack_from(data, 1)[0] != request_id:
-                    raise ProtocolError("grpc Session: answer to another request")
-                if tag == b"X":
-                    raise RemoteError("INVALID_ARGUMENT", body.decode(errors="replace"))
-                if tag == b"E":
-                    if _ID.unpack(body)[0] != count or (decoder and not decoder.finished):
-                        raise StreamTruncatedError(
-                            "grpc Session: stream incomplete", chunks_received=count
-                        )
+                kind, body = await self._read(request_id, stream)
+                if kind == ResponseKind.CHUNK:
+                    for chunk in stream.feed(body):
+                        yield chunk
+                elif kind == ResponseKind.END:
+                    if envelope.read_end(body, "grpc Session") != stream.count:
+                        raise stream.truncated("chunk count mismatch")
+                    stream.close()
                     return
-                try:
-                    chunks = decoder.feed(body) if decoder else [codec.decode(body, ic.TokenChunk)]
-                except ic.CodecError as exc:
-                    raise ProtocolError(f"grpc Session: {exc}") from exc
-                for chunk in chunks:
-                    count += 1
-                    yield chunk
+                elif kind == ResponseKind.ERROR:
+                    raise RemoteError("INVALID_ARGUMENT", body.decode(errors="replace"))
+                else:
+                    raise ProtocolError(f"grpc Session: answer of kind {kind} to a generate")

@@ -13,7 +13,7 @@ h2 leaves these to the application:
   Envoy's ``max_consecutive_inbound_frames_with_empty_payload``).
 
 Sans-IO: :meth:`FrameGuard.feed` takes the bytes as they arrive and raises a
-:class:`GuardError` that carries the GOAWAY code to send.
+:class:`~inferwire.transports.errors.PeerLimitError` that carries the GOAWAY code to send.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-import h2.errors
+from .errors import HeaderBlockTooLargeError, IdleFloodError, PeerFrameTooLargeError
 
 PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 FRAME_HEADER_BYTES: Final = 9
@@ -35,24 +35,6 @@ _CONTINUATION: Final = 0x9
 _END_STREAM: Final = 0x1
 _END_HEADERS: Final = 0x4
 _HEADER: Final = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream
-
-
-class GuardError(Exception):
-    """The peer passed a limit; ``error_code`` is the GOAWAY code to close with."""
-
-    error_code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-
-
-class FrameTooLargeError(GuardError):
-    error_code = h2.errors.ErrorCodes.FRAME_SIZE_ERROR
-
-
-class HeaderBlockTooLargeError(GuardError):
-    pass
-
-
-class IdleFloodError(GuardError):
-    pass
 
 
 class FrameGuard:
@@ -96,7 +78,7 @@ class FrameGuard:
         length_high, length_low, frame_type, flags, _stream_id = _HEADER.unpack(header)
         length = length_high << 8 | length_low
         if length > self.max_frame_bytes:
-            raise FrameTooLargeError(
+            raise PeerFrameTooLargeError(
                 f"a frame of {length} bytes, over SETTINGS_MAX_FRAME_SIZE {self.max_frame_bytes}"
             )
         self._payload_left = length

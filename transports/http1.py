@@ -31,16 +31,16 @@ import orjson
 import inferwire.codecs as ic
 
 from .base import Client, Server
-from .common import aclose_quietly, connect_tcp, error_detail
+from .common import ErrorMap, aclose_quietly, connect_tcp, error_detail, map_exceptions, translate
 from .errors import (
     MessageTooLargeError,
     ProtocolError,
     RemoteError,
     StreamTruncatedError,
-    TransportTimeoutError,
 )
 from .httpapp import HttpApp, Response, error
 from .service import GenerateRequest
+from .streams import ChunkReader
 from .timing import TRAILER, StreamTiming, now_ns, unpack_text
 
 MAX_HEADER_BYTES: Final = 16 * 1024
@@ -55,6 +55,8 @@ LINGER_IDLE_S: Final = 0.5
 """... and how long with nothing arriving (nginx's lingering_timeout, 5 s)."""
 _log = logging.getLogger(__name__)
 _READ_BYTES: Final = 256 * 1024
+_ERRORS: Final[ErrorMap] = {httptools.HttpParserError: ProtocolError}
+"""httptools' own exceptions, as the client meets them; socket errors are mapped in common."""
 
 
 @dataclass(slots=True)
@@ -346,21 +348,22 @@ class _Connection:
         self.reusable = True
 
     async def receive(self, timeout_s: float) -> bool:
-        """Read and parse once; False at end of connection."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                data = await self.reader.read(_READ_BYTES)
-        except TimeoutError as exc:
-            raise TransportTimeoutError("http1: read timed out") from exc
-        except OSError:
-            return False
-        if not data:
-            return False
-        try:
-            self.response.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.reusable = False
-            raise ProtocolError(f"http1: bad response: {exc}") from exc
+        """Read and parse once; False at end of connection (a reset included)."""
+        with map_exceptions("http1", _ERRORS):
+            try:
+                async with asyncio.timeout(timeout_s):
+                    data = await self.reader.read(_READ_BYTES)
+            except OSError as exc:
+                if isinstance(exc, TimeoutError):
+                    raise
+                return False
+            if not data:
+                return False
+            try:
+                self.response.parser.feed_data(data)
+            except httptools.HttpParserError:
+                self.reusable = False
+                raise
         return True
 
 
@@ -446,13 +449,13 @@ class Http1Client(Client):
             while not conn.response.headers_done:
                 if not await conn.receive(self.limits.timeout_s):
                     raise StreamTruncatedError("http1: connection closed before a response")
-        except TransportTimeoutError:  # an OSError too (TimeoutError is): not a lost connection
+        except Exception as exc:
             await aclose_quietly(conn.writer)
-            raise
-        except OSError as exc:
-            await aclose_quietly(conn.writer)
-            raise ProtocolError(f"http1: connection lost: {exc!r}") from exc
-        except BaseException:
+            ours = translate(exc, "http1", _ERRORS)
+            if ours is exc:
+                raise
+            raise ours from exc
+        except BaseException:  # cancelled: the connection is in an unknown state
             await aclose_quietly(conn.writer)
             raise
         status = conn.response.parser.get_status_code()
@@ -483,10 +486,8 @@ class Http1Client(Client):
                 size = sum(map(len, conn.response.body))
                 if size > self.limits.max_message_bytes:
                     raise MessageTooLargeError(f"response over {self.limits.max_message_bytes}")
-            try:
+            with map_exceptions("http1"):
                 response = self.codec.decode(b"".join(conn.response.body), ic.InferResponse)
-            except ic.CodecError as exc:
-                raise ProtocolError(f"http1: {exc}") from exc
             ok = True
             return response
         finally:
@@ -505,37 +506,22 @@ class Http1Client(Client):
         )
         if status != 200:
             await self._fail(conn, status)
-        decoder = self.codec.stream_decoder(max_frame_bytes=self.limits.max_message_bytes)
-        count = 0
+        stream = ChunkReader.of_bytes(self.codec, self.limits.max_message_bytes, "http1", timing)
         ok = False
         try:
             pending = conn.response.body
             while True:
                 if pending:
                     conn.response.body = []
-                    received = now_ns() if timing is not None else 0
-                    try:
-                        chunks = decoder.feed(b"".join(pending) if len(pending) > 1 else pending[0])
-                    except ic.CodecError as exc:
-                        raise ProtocolError(f"http1: {exc}") from exc
-                    if timing is not None:
-                        timing.decoded(len(chunks), received)
-                    for chunk in chunks:
-                        count += 1
+                    for chunk in stream.feed(b"".join(pending) if len(pending) > 1 else pending[0]):
                         yield chunk
                 if conn.response.complete:
                     break
                 if not await conn.receive(self.limits.timeout_s):
-                    break
+                    raise stream.truncated("connection closed")
                 pending = conn.response.body
-            if not (conn.response.complete and decoder.finished):
-                try:
-                    decoder.close()
-                    raise ic.IncompleteStreamError("the body ended without the stream")
-                except ic.IncompleteStreamError as exc:
-                    raise StreamTruncatedError(
-                        f"http1: stream ended after {count} chunks", chunks_received=count
-                    ) from exc
+            if not stream.finished:
+                raise stream.truncated("the body ended without the stream's end")
             if timing is not None:
                 trailer = conn.response.trailers.get(TRAILER)
                 if trailer is None:

@@ -20,7 +20,6 @@ Routing is sans-IO: :meth:`HttpApp.handle` takes a complete request and gives ba
 from __future__ import annotations
 
 import base64
-import contextlib
 import re
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
@@ -31,8 +30,10 @@ import orjson
 import inferwire.codecs as ic
 
 from .common import error_body
-from .service import BadRequestError, GenerateRequest, SimulatedService
-from .timing import ServerStamps, now_ns
+from .errors import BadRequestError
+from .service import GenerateRequest, SimulatedService
+from .streams import stream_frames
+from .timing import ServerStamps
 
 _INFER_PATH: Final = re.compile(r"/v2/models/([A-Za-z0-9_.\-]{1,128})/infer")
 _SCHEMA_PATH: Final = re.compile(r"/schemas/ids/([0-9]{1,10})")
@@ -125,34 +126,15 @@ class HttpApp:
             request = GenerateRequest.from_json_obj(obj)
             if isinstance(obj, dict) and obj.get("stream") is False:
                 raise BadRequestError("only streaming completions are served: set stream")
-            self.service.chunks(request)  # refuse a bad request before the stream starts
+            stream = self.service.open(request)  # a bad request is refused before a stream
         except (orjson.JSONDecodeError, BadRequestError) as exc:
             return error(400, str(exc))
         stamps = None
         if request.timing:
             stamps = ServerStamps(received_ns)
             stamps.parsed()
-        return Response(200, mine, stream=self._frames(request, stamps), stamps=stamps)
-
-    async def _frames(
-        self, request: GenerateRequest, stamps: ServerStamps | None
-    ) -> AsyncGenerator[bytes, None]:
-        encoder = self.codec.stream_encoder()
-        encode = encoder.encode
-        # one frame per batch of due chunks: see SimulatedService.batches
-        async with contextlib.aclosing(self.service.batches(request)) as batches:
-            if stamps is None:
-                async for batch in batches:
-                    yield encode(batch[0]) if len(batch) == 1 else b"".join(map(encode, batch))
-            else:
-                async for batch in batches:
-                    parts = []
-                    for chunk in batch:
-                        produced = now_ns()
-                        parts.append(encode(chunk))
-                        stamps.encoded(produced, now_ns())
-                    yield b"".join(parts)
-        yield encoder.end()
+        frames = stream_frames(self.service, stream, self.codec.stream_encoder(), stamps)
+        return Response(200, mine, stream=frames, stamps=stamps)
 
     def _infer(self, model: str, headers: Mapping[str, str], body: bytes) -> Response:
         if ic.InferRequest not in self.codec.types:

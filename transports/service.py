@@ -6,10 +6,10 @@ model: ``prefill_s`` before the first chunk (time to first token) and ``decode_s
 after it, on an absolute schedule so that pacing does not drift with the time spent sending.
 Both zero measures serialization and transport alone.
 
-The service does not build workloads itself (they live in ``inferwire.bench``, which depends on
-the transports, not the other way round): the caller passes a ``source`` that turns a request
-into its chunks. Streams are cached per (workload, seed), so a server times what it sends, not
-how the payload was made.
+The service does not build workloads itself: the caller passes a ``source`` that turns a
+request into its chunks (``inferwire serve`` passes the seeded workloads of
+:mod:`inferwire.workloads`). Streams are cached per (workload, seed), so a server times what
+it sends, not how the payload was made.
 """
 
 from __future__ import annotations
@@ -24,14 +24,11 @@ from typing import Any, Final
 
 from inferwire.codecs import InferRequest, InferResponse, Tensor, TokenChunk, Usage
 
+from .errors import BadRequestError
+
 MAX_TOKENS_LIMIT: Final = 1 << 20
 MAX_BATCH_CHUNKS: Final = 32
 """Most chunks :meth:`SimulatedService.batches` hands over at once (about 8 KiB of SSE)."""
-
-
-class BadRequestError(ValueError):
-    """A request the service cannot answer: transports send it back as 400 /
-    ``INVALID_ARGUMENT`` and keep serving."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +93,15 @@ class GenerateRequest:
         return cls(**fields)
 
 
+@dataclass(frozen=True, slots=True)
+class TokenStream:
+    """A request the service has accepted, with the chunks it will stream: what
+    :meth:`SimulatedService.open` returns and :meth:`SimulatedService.batches` plays."""
+
+    request: GenerateRequest
+    chunks: Sequence[TokenChunk]
+
+
 Source = Callable[[str, int], Sequence[TokenChunk]]
 """Makes the chunks of a named workload with a seed; raises ``KeyError`` for unknown names."""
 
@@ -120,6 +126,12 @@ class SimulatedService:
         """Streams being generated now: a client that goes away must bring this back down."""
         self.streams_started = 0
 
+    def open(self, request: GenerateRequest) -> TokenStream:
+        """Check ``request`` and compute its chunks, once: a server calls this before it
+        answers, so a bad request is refused before a stream starts. Raises
+        :class:`BadRequestError`."""
+        return TokenStream(request, self.chunks(request))
+
     def chunks(self, request: GenerateRequest) -> Sequence[TokenChunk]:
         """The chunks ``request`` asks for, in order. Raises :class:`BadRequestError`."""
         try:
@@ -134,22 +146,22 @@ class SimulatedService:
             chunks = [replace(c, model=request.model) for c in chunks]
         return chunks
 
-    async def generate(self, request: GenerateRequest) -> AsyncGenerator[TokenChunk, None]:
+    async def generate(self, stream: TokenStream) -> AsyncGenerator[TokenChunk, None]:
         """The paced stream, one chunk at a time. Cancelling the consumer's task ends it (and
         its accounting)."""
-        async with contextlib.aclosing(self.batches(request, max_chunks=1)) as batches:
+        async with contextlib.aclosing(self.batches(stream, max_chunks=1)) as batches:
             async for batch in batches:
                 for chunk in batch:
                     yield chunk
 
     async def batches(
-        self, request: GenerateRequest, *, max_chunks: int = MAX_BATCH_CHUNKS
+        self, stream: TokenStream, *, max_chunks: int = MAX_BATCH_CHUNKS
     ) -> AsyncGenerator[list[TokenChunk], None]:
         """The paced stream as lists of the chunks that are due now, for servers that write
         a list at once: a chunk is handed over as soon as it is produced (paced, a list holds
         one), and a model that runs ahead of the wire does not cost one write per chunk (the
         batching an HTTP/2 server such as Hypercorn does by buffering its output)."""
-        chunks = self.chunks(request)
+        chunks = stream.chunks
         self.active_streams += 1
         self.streams_started += 1
         try:

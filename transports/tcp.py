@@ -32,15 +32,16 @@ import orjson
 import inferwire.codecs as ic
 
 from .base import Client, Server
-from .common import aclose_quietly, connect_tcp, error_body, error_detail, mapped
+from .common import aclose_quietly, connect_tcp, error_body, error_detail, map_exceptions
 from .errors import (
+    BadRequestError,
     MessageTooLargeError,
     ProtocolError,
     RemoteError,
-    StreamTruncatedError,
     TransportTimeoutError,
 )
-from .service import BadRequestError, GenerateRequest
+from .service import GenerateRequest, TokenStream
+from .streams import ChunkReader, stream_frames
 from .timing import ServerStamps, StreamTiming, now_ns, unpack
 
 _HEAD: Final = struct.Struct(">cI")
@@ -95,27 +96,12 @@ class TcpServer(Server):
                 return True
             try:
                 request = GenerateRequest.from_json_obj(orjson.loads(body))
-                self.service.chunks(request)  # refuse a bad request before the stream starts
+                stream = self.service.open(request)  # a bad request is refused before a stream
             except (orjson.JSONDecodeError, BadRequestError) as exc:
                 await _answer_error(writer, 400, str(exc))
                 return True
             writer.write(OK)
-            encoder = self.codec.stream_encoder()
-            if request.timing:
-                stamps = ServerStamps(received_ns)
-                stamps.parsed()
-                await self._timed_stream(request, writer, stamps)
-                return True
-            encode = encoder.encode
-            # one write per batch of due chunks: see SimulatedService.batches
-            async with contextlib.aclosing(self.service.batches(request)) as batches:
-                async for batch in batches:
-                    writer.write(
-                        encode(batch[0]) if len(batch) == 1 else b"".join(map(encode, batch))
-                    )
-                    await writer.drain()
-            writer.write(encoder.end())
-            await writer.drain()
+            await self._stream(stream, writer, received_ns)
             return True
         if op == OP_INFER:
             try:
@@ -130,25 +116,26 @@ class TcpServer(Server):
         await _answer_error(writer, 400, f"unknown operation {op!r}")
         return False
 
-    async def _timed_stream(
-        self, request: GenerateRequest, writer: asyncio.StreamWriter, stamps: ServerStamps
+    async def _stream(
+        self, stream: TokenStream, writer: asyncio.StreamWriter, received_ns: int
     ) -> None:
-        encoder = self.codec.stream_encoder()
-        async with contextlib.aclosing(self.service.batches(request)) as batches:
-            async for batch in batches:
-                parts = []
-                for chunk in batch:
-                    produced = now_ns()
-                    parts.append(encoder.encode(chunk))
-                    stamps.encoded(produced, now_ns())
-                data = b"".join(parts)
-                writer.write(_LEN.pack(len(data)) + data)
+        """One write per batch of due chunks; a timed stream wraps each in a length and ends
+        with a zero length and the stamps (see the module docstring)."""
+        stamps = None
+        if stream.request.timing:
+            stamps = ServerStamps(received_ns)
+            stamps.parsed()
+        frames = stream_frames(self.service, stream, self.codec.stream_encoder(), stamps)
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
+                writer.write(frame if stamps is None else _LEN.pack(len(frame)) + frame)
                 await writer.drain()
-                stamps.written()
-        end = encoder.end()
-        timing = stamps.pack()
-        writer.write(_LEN.pack(len(end)) + end + _LEN.pack(0) + _LEN.pack(len(timing)) + timing)
-        await writer.drain()
+                if stamps is not None:
+                    stamps.written()
+        if stamps is not None:
+            timing = stamps.pack()
+            writer.write(_LEN.pack(0) + _LEN.pack(len(timing)) + timing)
+            await writer.drain()
 
 
 def _error_status(body: bytes) -> int:
@@ -209,7 +196,7 @@ class TcpClient(Client):
         if len(body) > self.limits.max_message_bytes:
             raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
         reader, writer = await self._connection()
-        with mapped("tcp send"):
+        with map_exceptions("tcp send"):
             _write(writer, _HEAD.pack(op, len(body)), body)
             await writer.drain()
             if timing is not None:
@@ -231,7 +218,7 @@ class TcpClient(Client):
             try:
                 async with asyncio.timeout(self.limits.timeout_s):
                     reader = await self._send(OP_INFER, payload)
-                    with mapped("tcp infer"):
+                    with map_exceptions("tcp infer"):
                         (length,) = _LEN.unpack(await reader.readexactly(4))
                         if length > self.limits.max_message_bytes:
                             raise MessageTooLargeError(f"response of {length} bytes")
@@ -245,96 +232,69 @@ class TcpClient(Client):
     async def generate(
         self, request: GenerateRequest, *, timing: StreamTiming | None = None
     ) -> AsyncIterator[ic.TokenChunk]:
+        limit = self.limits.max_message_bytes
         if timing is not None:
-            async for chunk in self._timed_generate(request, timing):
-                yield chunk
-            return
-        body = orjson.dumps(request.to_json_obj())
+            timing.request_start_ns = now_ns()
+        obj = request.to_json_obj()
+        body = orjson.dumps({**obj, "timing": True} if timing is not None else obj)
         async with self._lock:
             done = False
-            count = 0
+            stream = ChunkReader.of_bytes(self.codec, limit, "tcp", timing)
             try:
                 async with asyncio.timeout(self.limits.timeout_s) as deadline:
-                    reader = await self._send(OP_GENERATE, body)
-                    decoder = self.codec.stream_decoder(
-                        max_frame_bytes=self.limits.max_message_bytes
-                    )
+                    reader = await self._send(OP_GENERATE, body, timing)
+                    read = _read_block if timing is not None else _read_any
                     loop = asyncio.get_running_loop()
-                    while not decoder.finished:
+                    while not stream.finished:
                         deadline.reschedule(loop.time() + self.limits.timeout_s)
-                        try:
-                            data = await reader.read(_READ_BYTES)
-                        except OSError:
-                            data = b""  # reset: reported below as a truncated stream
+                        with map_exceptions("tcp stream"):
+                            data = await read(reader, limit)
+                        if data is None:  # a timed stream's blocks end before its stamps
+                            break
                         if not data:
-                            try:
-                                decoder.close()
-                            except ic.IncompleteStreamError as exc:
-                                raise StreamTruncatedError(
-                                    f"tcp: connection closed after {count} chunks",
-                                    chunks_received=count,
-                                ) from exc
-                        with mapped("tcp stream"):
-                            chunks = decoder.feed(data)
+                            raise stream.truncated("connection closed")
+                        chunks = stream.feed(data)
                         deadline.reschedule(None)  # the consumer's pace is not our timeout
                         for chunk in chunks:
-                            count += 1
                             yield chunk
+                    deadline.reschedule(loop.time() + self.limits.timeout_s)
+                    stream.close()
+                    if timing is not None:
+                        with map_exceptions("tcp stream"):
+                            if await read(reader, limit) is not None:
+                                raise ProtocolError("tcp: a timed stream goes on after its end")
+                            (length,) = _LEN.unpack(await reader.readexactly(4))
+                            timing.set_server(unpack(await reader.readexactly(min(length, limit))))
                 done = True
             except TimeoutError as exc:
-                _raise_timeout(exc, f"tcp generate, after {count} chunks")
+                _raise_timeout(exc, f"tcp generate, after {stream.count} chunks")
                 raise
             finally:
                 if not done:
                     await self._drop()  # mid-stream: the connection cannot be reused
 
-    async def _timed_generate(
-        self, request: GenerateRequest, timing: StreamTiming
-    ) -> AsyncIterator[ic.TokenChunk]:
-        limit = self.limits.max_message_bytes
-        async with self._lock:
-            done = False
-            count = 0
-            try:
-                timing.request_start_ns = now_ns()
-                body = orjson.dumps({**request.to_json_obj(), "timing": True})
-                reader = await self._send(OP_GENERATE, body, timing)
-                decoder = self.codec.stream_decoder(max_frame_bytes=limit)
-                while True:
-                    async with asyncio.timeout(self.limits.timeout_s):
-                        try:
-                            (length,) = _LEN.unpack(await reader.readexactly(4))
-                            if length > limit:
-                                raise ProtocolError(f"tcp: block of {length} bytes")
-                            data = await reader.readexactly(length) if length else b""
-                        except (OSError, asyncio.IncompleteReadError) as exc:
-                            raise StreamTruncatedError(
-                                f"tcp: connection closed after {count} chunks",
-                                chunks_received=count,
-                            ) from exc
-                    if not length:
-                        break
-                    received = now_ns()
-                    with mapped("tcp stream"):
-                        chunks = decoder.feed(data)
-                    timing.decoded(len(chunks), received)
-                    for chunk in chunks:
-                        count += 1
-                        yield chunk
-                with mapped("tcp stream"):
-                    decoder.close()
-                    (length,) = _LEN.unpack(await reader.readexactly(4))
-                    timing.set_server(unpack(await reader.readexactly(min(length, limit))))
-                done = True
-            except TimeoutError as exc:
-                _raise_timeout(exc, f"tcp generate, after {count} chunks")
-                raise
-            finally:
-                if not done:
-                    await self._drop()
-
     async def close(self) -> None:
         await self._drop()
+
+
+async def _read_any(reader: asyncio.StreamReader, limit: int) -> bytes:
+    """What arrived of an untimed stream (empty: the connection closed, or was reset)."""
+    try:
+        return await reader.read(_READ_BYTES)
+    except OSError:
+        return b""  # a reset: reported as a truncated stream, like a close
+
+
+async def _read_block(reader: asyncio.StreamReader, limit: int) -> bytes | None:
+    """The next length-prefixed block of a timed stream; None at its zero-length end marker,
+    empty when the connection closed mid-block."""
+    try:
+        (length,) = _LEN.unpack(await reader.readexactly(4))
+        if length > limit:
+            raise ProtocolError(f"tcp: block of {length} bytes")
+        return await reader.readexactly(length) if length else None
+    except (OSError, asyncio.IncompleteReadError):
+        return b""
 
 
 def _raise_timeout(exc: BaseException, what: str) -> None:

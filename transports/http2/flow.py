@@ -1,0 +1,118 @@
+"""HTTP/2 flow control and write back-pressure, shared by the server and the client.
+
+RFC 9113, section 5.2: a sender writes no more than the stream's window and the connection's,
+then waits for a WINDOW_UPDATE, so a slow reader stalls only its own stream. A write to a
+socket whose buffer is full waits (for at most the limits' ``timeout_s``) until it drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Final
+
+import h2.connection
+import h2.exceptions
+
+from ..errors import PeerNotReadingError, TransportTimeoutError
+
+WINDOW_BYTES: Final = 1 << 20
+"""Initial stream window each end advertises: 1 MiB (h2's default 64 KiB would stall a fast
+stream on loopback every few frames)."""
+
+
+class Writer:
+    """Transport writes with back-pressure: ``wait`` blocks while the socket buffer is full
+    (for at most ``timeout_s``, if given)."""
+
+    def __init__(self, transport: asyncio.Transport, timeout_s: float | None = None) -> None:
+        self.transport = transport
+        self.timeout_s = timeout_s
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self.closed = False
+
+    @property
+    def paused(self) -> bool:
+        return not self._resumed.is_set()
+
+    def pause(self) -> None:
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        self._resumed.set()
+
+    async def wait(self) -> None:
+        if not self._resumed.is_set():
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await self._resumed.wait()
+            except TimeoutError as exc:
+                raise PeerNotReadingError("http2: the peer stopped reading") from exc
+
+
+class FlowControl:
+    """Per-stream events a sender waits on for window space."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.window_events: dict[int, asyncio.Event] = {}
+        self.closed: set[int] = set()
+        self.timeout_s = timeout_s
+
+    def reset(self, stream_id: int) -> None:
+        """The peer reset the stream: its sender stops waiting and stops sending."""
+        self.closed.add(stream_id)
+        self.opened(stream_id)
+
+    def forget(self, stream_id: int) -> None:
+        self.window_events.pop(stream_id, None)
+        self.closed.discard(stream_id)
+
+    def opened(self, stream_id: int | None) -> None:
+        if stream_id:
+            event = self.window_events.get(stream_id)
+            if event is not None:
+                event.set()
+        else:  # connection window or initial window change: wake every sender
+            for event in self.window_events.values():
+                event.set()
+
+    async def send(
+        self,
+        conn: h2.connection.H2Connection,
+        flush: Any,
+        writer: Writer,
+        stream_id: int,
+        data: bytes,
+        end_stream: bool = False,
+    ) -> None:
+        if len(data) <= min(
+            conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size
+        ):
+            conn.send_data(stream_id, data, end_stream=end_stream)  # the common case: one frame
+            flush()
+            await writer.wait()
+            return
+        view = memoryview(data)
+        while True:
+            window = conn.local_flow_control_window(stream_id)
+            size = min(window, len(view), conn.max_outbound_frame_size)
+            if size <= 0 and view:
+                event = self.window_events.setdefault(stream_id, asyncio.Event())
+                event.clear()
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        await event.wait()  # a WINDOW_UPDATE, or the stream's reset
+                except TimeoutError as exc:
+                    raise TransportTimeoutError("http2: no window to send in") from exc
+                if writer.closed:
+                    raise ConnectionResetError("connection lost")
+                if stream_id in self.closed:
+                    raise h2.exceptions.StreamClosedError(stream_id)
+                continue
+            last = size == len(view)
+            conn.send_data(stream_id, view[:size].tobytes(), end_stream=end_stream and last)
+            flush()
+            view = view[size:]
+            await writer.wait()
+            if last:
+                return

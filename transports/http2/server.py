@@ -1,0 +1,440 @@
+"""The HTTP/2 server: h2 (sans-IO) on an asyncio protocol, routes of
+:mod:`inferwire.transports.httpapp`, h2c (prior knowledge) or TLS with ALPN ``h2``.
+
+A request whose body passes the limit is answered 413 and reset; a stream reset by the peer
+cancels its handler.
+
+The server defends itself against hostile peers where h2 leaves that to the application (the
+frame-level checks are in :mod:`inferwire.transports.h2guard`):
+
+* Rapid Reset (CVE-2023-44487): no more than ``MAX_CONCURRENT_STREAMS`` handlers run at once,
+  counting those of reset streams until they have ended; a stream past that is refused
+  (RST_STREAM REFUSED_STREAM), and a peer that resets or is refused faster than
+  ``RESET_RATE_PER_S`` (after a burst of ``RESET_BURST``) is sent GOAWAY(ENHANCE_YOUR_CALM);
+* a peer that does not read: h2's own answers (PING and SETTINGS ACKs) and our refusals queued
+  while the socket is backed up are capped at ``CONTROL_BYTES_CAP``; a sender that waits on a
+  backed-up socket or on a stream window gives up after the limits' ``timeout_s`` (the stream is
+  reset, or the connection closed when the whole socket is stuck).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, ClassVar, Final
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+import inferwire.codecs as ic
+
+from .. import h2guard
+from ..base import Server
+from ..common import BACKLOG
+from ..errors import PeerLimitError, PeerNotReadingError, TransportTimeoutError
+from ..httpapp import HttpApp, Response, error
+from ..timing import TRAILER, now_ns
+from .flow import WINDOW_BYTES, FlowControl, Writer
+
+_log = logging.getLogger(__name__)
+
+MAX_CONCURRENT_STREAMS: Final = 256
+MAX_HEADER_LIST_BYTES: Final = 16 * 1024
+MAX_HEADER_BLOCK_BYTES: Final = 2 * MAX_HEADER_LIST_BYTES
+"""Largest compressed header block (HEADERS + CONTINUATION) taken in: HPACK never makes a
+block much larger than the header list it decodes to, so twice the list limit is generous."""
+MAX_IDLE_FRAMES: Final = 10_000
+"""PING, SETTINGS, PRIORITY and empty DATA frames in a row, with no request moving forward."""
+RESET_BURST: Final = 1000
+RESET_RATE_PER_S: Final = 100.0
+"""Streams the peer may reset (or have refused) in a burst, and per second after it: far more
+than a client that cancels what it no longer needs, far fewer than a Rapid Reset attack."""
+CONTROL_BYTES_CAP: Final = 1 << 20
+"""Bytes of PING/SETTINGS ACKs and refusals queued to a peer that is not reading."""
+CLOSE_GRACE_S: Final = 2.0
+"""How long a GOAWAY may take to leave before the connection is dropped regardless."""
+
+
+class _ServerStream:
+    __slots__ = ("body", "body_bytes", "headers", "refused", "task")
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers = headers
+        self.body: list[bytes] = []
+        self.body_bytes = 0
+        self.refused = False
+        self.task: asyncio.Task[None] | None = None
+
+
+class ServerProtocol(asyncio.Protocol):
+    def __init__(self, server: Http2Server) -> None:
+        self.server = server
+        self.conn = h2.connection.H2Connection(
+            # outbound checks off: we build every header we send; inbound stay on (peers lie)
+            h2.config.H2Configuration(
+                client_side=False,
+                header_encoding=None,
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+            )
+        )
+        self.streams: dict[int, _ServerStream] = {}
+        self.flow = FlowControl(server.limits.timeout_s)
+        self.writer: Writer | None = None
+        self.guard = h2guard.FrameGuard(
+            max_frame_bytes=self.conn.local_settings.max_frame_size,
+            max_header_block_bytes=MAX_HEADER_BLOCK_BYTES,
+            max_idle_frames=MAX_IDLE_FRAMES,
+        )
+        self.handlers: set[asyncio.Task[None]] = set()
+        self.handlers_peak = 0
+        self.resets = 0
+        """Streams the peer reset, or that were refused: for the Rapid Reset budget."""
+        self._reset_credit = float(RESET_BURST)
+        self._reset_credit_at = time.monotonic()
+        self.control_bytes_unread = 0
+        """Bytes of control frames queued since the socket last drained below its high mark."""
+        self.outbound_peak = 0
+        """Largest write buffer seen (bytes): what a peer that does not read costs us."""
+        self.shut_code: h2.errors.ErrorCodes | None = None
+        """The GOAWAY code the server closed with, if it closed on the peer."""
+        self._eof_sent = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.writer = Writer(transport, self.server.limits.timeout_s)
+        self.server.protocols.add(self)
+        self.conn.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_BYTES,
+            },
+        )
+        # h2 applies the list limit to its decoder only when a change of it is acknowledged,
+        # and initial values are no change: without this it would decode up to its 64 KiB
+        self.conn.decoder.max_header_list_size = MAX_HEADER_LIST_BYTES
+        self.conn.initiate_connection()
+        self.conn.increment_flow_control_window(WINDOW_BYTES * 16)
+        self.flush()
+
+    def _writable(self) -> bool:
+        return not self.transport.is_closing() and not self._eof_sent
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data and self._writable():
+            self.transport.write(data)
+            self._note_buffer()
+
+    def _note_buffer(self) -> None:
+        size = self.transport.get_write_buffer_size()
+        if size > self.outbound_peak:
+            self.outbound_peak = size
+            self.server.outbound_peak = max(self.server.outbound_peak, size)
+
+    def _write_control(self, data: bytes) -> None:
+        """Write frames the peer's frames made us queue; capped while the peer is not
+        reading (a PING or SETTINGS flood: CVE-2019-9512, CVE-2019-9515)."""
+        if not data or not self._writable():
+            return
+        assert self.writer is not None
+        if self.writer.paused:
+            self.control_bytes_unread += len(data)
+            if self.control_bytes_unread > CONTROL_BYTES_CAP:
+                self._log_abuse("control frames queued to a peer that does not read")
+                self.shut_code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+                self.transport.abort()  # a GOAWAY would only queue behind the rest
+                return
+        self.transport.write(data)
+        self._note_buffer()
+
+    def pause_writing(self) -> None:
+        assert self.writer is not None
+        self.writer.pause()
+
+    def resume_writing(self) -> None:
+        assert self.writer is not None
+        self.control_bytes_unread = 0
+        self.writer.resume()
+
+    def _log_abuse(self, what: str) -> None:
+        peer = self.transport.get_extra_info("peername")
+        _log.warning("http2: closing the connection from %s: %s", peer, what)
+
+    def _shut(self, code: h2.errors.ErrorCodes, what: str, *, goaway: bool = True) -> None:
+        """GOAWAY with ``code`` (unless h2 queued one already), then end the connection."""
+        if not self._writable():
+            return
+        self._log_abuse(what)
+        self.shut_code = code
+        for task in self.handlers:
+            task.cancel()
+        if goaway:
+            with contextlib.suppress(h2.exceptions.H2Error):
+                self.conn.close_connection(error_code=code)
+        self.flush()
+        assert self.writer is not None
+        if self.writer.paused:  # the GOAWAY would only wait behind what the peer does not read
+            self.transport.abort()
+            return
+        # Half-close, and discard what the peer still sends until it closes too: closing with
+        # unread input would send a TCP reset, and the peer could lose the GOAWAY with it.
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._eof_sent = True
+        else:
+            self.transport.close()
+        asyncio.get_running_loop().call_later(CLOSE_GRACE_S, self.transport.abort)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.protocols.discard(self)
+        for task in self.handlers:
+            task.cancel()
+        if self.writer is not None:
+            self.writer.closed = True
+            self.writer.resume()
+        self.flow.opened(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self.shut_code is not None:
+            return  # closing: discarded
+        try:
+            self.guard.feed(data)  # before h2: it would buffer a whole frame to judge it
+        except PeerLimitError as exc:
+            self._shut(h2.errors.ErrorCodes(exc.error_code), str(exc))
+            return
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            # h2 queued a GOAWAY: PROTOCOL_ERROR, FRAME_SIZE_ERROR, or ENHANCE_YOUR_CALM for a
+            # header list over MAX_HEADER_LIST_SIZE (an HPACK bomb is refused as it inflates)
+            code = getattr(exc, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            self._shut(code, f"h2: {exc}", goaway=False)
+            return
+        self._write_control(self.conn.data_to_send())  # h2's own answers: ACKs
+        for event in events:
+            if self.shut_code is not None:
+                return
+            self._event(event)
+        self.flush()
+
+    def _event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            if len(self.handlers) >= MAX_CONCURRENT_STREAMS:
+                # handlers of reset streams still ending count too: h2 already forgot them
+                self._refuse(event.stream_id)
+                return
+            headers = {
+                bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1")
+                for k, v in event.headers or ()
+            }
+            self.streams[event.stream_id] = _ServerStream(headers)
+            if event.stream_ended is not None:
+                self._dispatch(event.stream_id)
+        elif isinstance(event, h2.events.DataReceived):
+            stream = self.streams.get(event.stream_id)
+            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            if stream is None or event.data is None:
+                return
+            stream.body_bytes += len(event.data)
+            if stream.body_bytes > self.server.limits.max_message_bytes:
+                if not stream.refused:
+                    stream.refused = True
+                    stream.body = []
+                    self._spawn(event.stream_id, self._answer_refused(event.stream_id))
+            elif not stream.refused:
+                stream.body.append(event.data)
+        elif isinstance(event, h2.events.StreamEnded):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None and not stream.refused:
+                self._dispatch(event.stream_id)
+        elif isinstance(event, h2.events.StreamReset):
+            stream = self.streams.pop(event.stream_id, None)
+            if stream is not None and stream.task is not None:
+                stream.task.cancel()
+            self.flow.forget(event.stream_id)
+            if event.remote_reset:
+                self._count_reset()
+        elif isinstance(event, h2.events.WindowUpdated):
+            self.flow.opened(event.stream_id)
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self.flow.opened(None)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.transport.close()
+
+    def _refuse(self, stream_id: int) -> None:
+        """RST_STREAM(REFUSED_STREAM): not processed, safe to retry (RFC 9113, 8.7)."""
+        with contextlib.suppress(h2.exceptions.H2Error):
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+        self._write_control(self.conn.data_to_send())
+        self._count_reset()
+
+    def _count_reset(self) -> None:
+        """Spend one of the peer's reset budget (a token bucket); GOAWAY when it is gone."""
+        self.resets += 1
+        now = time.monotonic()
+        self._reset_credit = min(
+            float(RESET_BURST),
+            self._reset_credit + (now - self._reset_credit_at) * RESET_RATE_PER_S,
+        )
+        self._reset_credit_at = now
+        self._reset_credit -= 1.0
+        if self._reset_credit < 0:
+            self._shut(
+                h2.errors.ErrorCodes.ENHANCE_YOUR_CALM,
+                f"{self.resets} streams reset or refused (Rapid Reset, CVE-2023-44487)",
+            )
+
+    def _spawn(self, stream_id: int, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.handlers.add(task)
+        task.add_done_callback(self.handlers.discard)
+        if len(self.handlers) > self.handlers_peak:
+            self.handlers_peak = len(self.handlers)
+            self.server.handlers_peak = max(self.server.handlers_peak, self.handlers_peak)
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            stream.task = task
+
+    def _dispatch(self, stream_id: int) -> None:
+        stream = self.streams[stream_id]
+        h = stream.headers
+        try:
+            response = self.server.app.handle(
+                h.get(":method", ""), h.get(":path", ""), h, b"".join(stream.body), now_ns()
+            )
+        except Exception:
+            _log.exception("http2: stream %d failed", stream_id)
+            self.streams.pop(stream_id, None)
+            self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            return
+        body = response.body
+        if response.stream is None and len(body) <= min(
+            self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size
+        ):
+            # a unary answer that fits the window goes out now, without a task per request
+            self.streams.pop(stream_id, None)
+            self.conn.send_headers(
+                stream_id,
+                [
+                    (":status", str(response.status)),
+                    ("content-type", response.content_type),
+                    ("content-length", str(len(body))),
+                ],
+                end_stream=not body,
+            )
+            if body:
+                self.conn.send_data(stream_id, body, end_stream=True)
+            return  # data_received flushes
+        self._spawn(stream_id, self._respond(stream_id, response))
+
+    async def _answer_refused(self, stream_id: int) -> None:
+        with contextlib.suppress(h2.exceptions.H2Error, OSError, TransportTimeoutError):
+            await self._send(stream_id, error(413, "body too large"))
+            # a complete response before the request ended: RST_STREAM(NO_ERROR), RFC 9113 8.1
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+            self.flush()
+
+    async def _respond(self, stream_id: int, response: Response) -> None:
+        try:
+            await self._send(stream_id, response)
+        except (h2.exceptions.H2Error, OSError, asyncio.CancelledError):
+            # the stream was reset or the connection lost: nothing left to answer
+            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+        except PeerNotReadingError:
+            _log.info("http2: stream %d: the peer stopped reading; closing", stream_id)
+            self.transport.abort()
+        except TransportTimeoutError:
+            # its reader stopped opening the window: this stream alone ends
+            _log.info(
+                "http2: stream %d: no window for %.1f s; reset", stream_id, self.flow.timeout_s
+            )
+            self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
+        except Exception:
+            # a failure mid-answer: reset the stream, so the client sees it fail at once
+            # rather than wait for a timeout; the connection and its other streams go on
+            _log.exception("http2: stream %d failed", stream_id)
+            self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        finally:
+            self.streams.pop(stream_id, None)
+            self.flow.forget(stream_id)
+
+    def _reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
+        with contextlib.suppress(h2.exceptions.H2Error):
+            if not self.transport.is_closing():
+                self.conn.reset_stream(stream_id, code)
+                self.flush()
+
+    async def _send(self, stream_id: int, response: Response) -> None:
+        assert self.writer is not None
+        headers = [
+            (":status", str(response.status)),
+            ("content-type", response.content_type),
+        ]
+        if response.stream is None:
+            headers.append(("content-length", str(len(response.body))))
+            self.conn.send_headers(stream_id, headers, end_stream=not response.body)
+            self.flush()
+            if response.body:
+                await self.flow.send(
+                    self.conn, self.flush, self.writer, stream_id, response.body, True
+                )
+            return
+        stamps = response.stamps
+        self.conn.send_headers(stream_id, headers)
+        self.flush()
+        async with contextlib.aclosing(response.stream) as frames:
+            async for frame in frames:
+                if self.writer.closed:
+                    raise ConnectionResetError("connection lost")
+                if frame:
+                    await self.flow.send(self.conn, self.flush, self.writer, stream_id, frame)
+                if stamps is not None:
+                    stamps.written()
+        if stamps is not None:
+            self.conn.send_headers(stream_id, [(TRAILER, stamps.pack_text())], end_stream=True)
+        else:
+            self.conn.end_stream(stream_id)
+        self.flush()
+
+
+class Http2Server(Server):
+    transport: ClassVar[str] = "http2"
+
+    def __init__(
+        self, *args: object, registry: ic.SchemaRegistry | None = None, **kwargs: object
+    ) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.app = HttpApp(self.service, self.codec, registry=registry)
+        self.protocols: set[ServerProtocol] = set()
+        self.handlers_peak = 0
+        """Most stream handlers one connection ran at once (at most MAX_CONCURRENT_STREAMS)."""
+        self.outbound_peak = 0
+        """Largest write buffer of any connection, in bytes."""
+        if self.ssl_context is not None:
+            self.ssl_context.set_alpn_protocols(["h2"])
+
+    async def start(self) -> tuple[str, int]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: ServerProtocol(self),
+            self.host,
+            self.port,
+            ssl=self.ssl_context,
+            backlog=BACKLOG,
+        )
+        return self._bound(server)
+
+    async def stop(self) -> None:
+        for protocol in list(self.protocols):
+            protocol.transport.abort()
+        await super().stop()

@@ -1,0 +1,140 @@
+"""The two ends of one token stream, sans-IO, shared by every transport.
+
+A server turns the service's chunks into bytes with :class:`ChunkWriter` (timed or not: the
+stamps object decides, not a second loop); :func:`stream_frames` is its whole loop, one piece of
+bytes per batch of due chunks. A client turns bytes (or, on gRPC, messages) back into chunks
+with :class:`ChunkReader`: codec errors become the transport's :class:`ProtocolError`, chunks
+are counted and, when timed, stamped, and an ending without the codec's end marker is a
+:class:`StreamTruncatedError`, never a short complete stream. The socket loops around them stay
+in the transports and do I/O only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Sequence
+
+import inferwire.codecs as ic
+
+from .errors import ProtocolError, StreamTruncatedError
+from .service import MAX_BATCH_CHUNKS, SimulatedService, TokenStream
+from .timing import ServerStamps, StreamTiming, now_ns
+
+
+class ChunkWriter:
+    """Encodes the chunks of one stream; with ``stamps``, records when each was produced and
+    when its bytes were ready (the sender calls ``stamps.written()`` after each write)."""
+
+    __slots__ = ("_encode", "_encoder", "stamps")
+
+    def __init__(self, encoder: ic.StreamEncoder, stamps: ServerStamps | None = None) -> None:
+        self._encoder = encoder
+        self._encode = encoder.encode
+        self.stamps = stamps
+
+    def write(self, batch: Sequence[ic.TokenChunk]) -> bytes:
+        """The bytes of ``batch``, in order, as one piece (one write, one message)."""
+        encode = self._encode
+        stamps = self.stamps
+        if stamps is None:
+            return encode(batch[0]) if len(batch) == 1 else b"".join(map(encode, batch))
+        parts = []
+        for chunk in batch:
+            produced = now_ns()
+            parts.append(encode(chunk))
+            stamps.encoded(produced, now_ns())
+        return b"".join(parts)
+
+    def end(self) -> bytes:
+        """The stream's end marker (empty where the codec's stream shape has none)."""
+        return self._encoder.end()
+
+
+async def stream_frames(
+    service: SimulatedService,
+    stream: TokenStream,
+    encoder: ic.StreamEncoder,
+    stamps: ServerStamps | None = None,
+    *,
+    max_chunks: int = MAX_BATCH_CHUNKS,
+) -> AsyncGenerator[bytes, None]:
+    """The paced stream as the pieces a server sends: one per batch of due chunks (see
+    :meth:`SimulatedService.batches`), then the end marker if the codec has one. Closing the
+    generator ends the stream on the service."""
+    writer = ChunkWriter(encoder, stamps)
+    async with contextlib.aclosing(service.batches(stream, max_chunks=max_chunks)) as batches:
+        async for batch in batches:
+            yield writer.write(batch)
+    end = writer.end()
+    if end:
+        yield end
+
+
+class ChunkReader:
+    """Decodes one stream for a client: :meth:`feed` the bytes (or messages) as they arrive,
+    :meth:`close` when the transport says the stream ended.
+
+    ``what`` names the transport in error messages; with ``timing``, each chunk is stamped
+    with when its bytes were fed and when it was decoded."""
+
+    __slots__ = ("_decoder", "_timing", "count", "what")
+
+    def __init__(
+        self,
+        decoder: ic.StreamDecoder[ic.TokenChunk],
+        what: str,
+        timing: StreamTiming | None = None,
+    ) -> None:
+        self._decoder = decoder
+        self._timing = timing
+        self.what = what
+        self.count = 0
+        """Chunks decoded so far."""
+
+    @classmethod
+    def of_bytes(
+        cls, codec: ic.Codec, max_frame_bytes: int, what: str, timing: StreamTiming | None = None
+    ) -> ChunkReader:
+        """For a transport that carries the codec's stream as bytes, in any split."""
+        return cls(codec.stream_decoder(max_frame_bytes=max_frame_bytes), what, timing)
+
+    @classmethod
+    def of_messages(
+        cls, codec: ic.Codec, max_frame_bytes: int, what: str, timing: StreamTiming | None = None
+    ) -> ChunkReader:
+        """For a transport that carries whole messages (gRPC): :meth:`feed` one at a time."""
+        return cls(codec.message_decoder(max_frame_bytes=max_frame_bytes), what, timing)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the codec's end marker was read."""
+        return self._decoder.finished
+
+    def feed(self, data: ic.BytesLike) -> list[ic.TokenChunk]:
+        """The chunks ``data`` completed. Raises :class:`ProtocolError` for bytes that do not
+        decode (its ``__cause__`` is the codec's error)."""
+        received_ns = now_ns() if self._timing is not None else 0
+        try:
+            chunks = self._decoder.feed(data)
+        except ic.CodecError as exc:
+            raise ProtocolError(f"{self.what}: {exc}") from exc
+        if self._timing is not None:
+            self._timing.decoded(len(chunks), received_ns)
+        self.count += len(chunks)
+        return chunks
+
+    def close(self) -> None:
+        """The transport's stream ended: raises :class:`StreamTruncatedError` unless the
+        codec's end marker came (or the stream shape needs none)."""
+        try:
+            self._decoder.close()
+        except ic.IncompleteStreamError as exc:
+            raise self.truncated("stream ended") from exc
+        except ic.CodecError as exc:
+            raise ProtocolError(f"{self.what}: {exc}") from exc
+
+    def truncated(self, why: str) -> StreamTruncatedError:
+        """The error for a stream cut short by ``why``, with the count of chunks received."""
+        return StreamTruncatedError(
+            f"{self.what}: {why} after {self.count} chunks", chunks_received=self.count
+        )
