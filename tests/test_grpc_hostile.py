@@ -66,6 +66,19 @@ async def _consume(
     return None
 
 
+@contextlib.asynccontextmanager
+async def _fake_server(handlers: dict[str, grpc.RpcMethodHandler]) -> AsyncIterator[str]:
+    """A gRPC server of ``handlers`` on the service's name, standing in for ours: its address."""
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(grace=None)
+
+
 async def _assert_channel_works(client: it.Client, codec: str) -> None:
     request = infer_request()
     async with asyncio.timeout(BOUND_S):
@@ -169,22 +182,17 @@ def test_grpc_response_over_the_client_limit_is_message_too_large() -> None:
         return codec.encode(ic.InferResponse(model=request.model, id=request.id, outputs=(tensor,)))
 
     async def run() -> None:
-        server = grpc.aio.server()
         handlers = {"Infer": grpc.unary_unary_rpc_method_handler(infer)}
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            address = f"127.0.0.1:{port}"
-            async with it.connect("grpc", address, limits=SMALL_LIMITS) as client:
-                small = infer_request()
-                big = ic.InferRequest(model=small.model, id="big", inputs=small.inputs)
-                with pytest.raises(it.MessageTooLargeError):
-                    await asyncio.wait_for(client.infer(big), BOUND_S)
-                response = await asyncio.wait_for(client.infer(small), BOUND_S)
-                assert response.outputs[0].data.tolist() == small.inputs[0].data.tolist()
-        finally:
-            await server.stop(grace=None)
+        async with (
+            _fake_server(handlers) as address,
+            it.connect("grpc", address, limits=SMALL_LIMITS) as client,
+        ):
+            small = infer_request()
+            big = ic.InferRequest(model=small.model, id="big", inputs=small.inputs)
+            with pytest.raises(it.MessageTooLargeError):
+                await asyncio.wait_for(client.infer(big), BOUND_S)
+            response = await asyncio.wait_for(client.infer(small), BOUND_S)
+            assert response.outputs[0].data.tolist() == small.inputs[0].data.tolist()
 
     asyncio.run(run())
 
@@ -207,24 +215,20 @@ def test_grpc_client_holds_the_codec_limits_on_a_hostile_stream(codec: str) -> N
         yield hostile
 
     async def run() -> tuple[BaseException | None, int]:
-        server = grpc.aio.server()
         handlers = {"Generate": grpc.unary_stream_rpc_method_handler(generate)}
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with it.connect("grpc", f"127.0.0.1:{port}", codec=codec) as client:
-                received: list[ic.TokenChunk] = []
-                tracemalloc.start()
-                try:
-                    error = await _consume(client.generate(it.GenerateRequest()), received)
-                    peak = tracemalloc.get_traced_memory()[1]
-                finally:
-                    tracemalloc.stop()
-                assert received == []
-                return error, peak
-        finally:
-            await server.stop(grace=None)
+        async with (
+            _fake_server(handlers) as address,
+            it.connect("grpc", address, codec=codec) as client,
+        ):
+            received: list[ic.TokenChunk] = []
+            tracemalloc.start()
+            try:
+                error = await _consume(client.generate(it.GenerateRequest()), received)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert received == []
+            return error, peak
 
     error, peak = asyncio.run(run())
     assert isinstance(error, it.ProtocolError), repr(error)
@@ -386,18 +390,14 @@ def test_grpc_stream_cancelled_by_the_server_is_an_error(codec: str) -> None:
         await context.abort(grpc.StatusCode.CANCELLED, "cancelled by the server")
 
     async def run() -> None:
-        server = grpc.aio.server()
         handlers = {"Generate": grpc.unary_stream_rpc_method_handler(generate)}
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        try:
-            async with it.connect("grpc", f"127.0.0.1:{port}", codec=codec) as client:
-                received: list[ic.TokenChunk] = []
-                request = it.GenerateRequest(workload="stream-16")
-                error = await _consume(client.generate(request), received)
-        finally:
-            await server.stop(grace=None)
+        async with (
+            _fake_server(handlers) as address,
+            it.connect("grpc", address, codec=codec) as client,
+        ):
+            received: list[ic.TokenChunk] = []
+            request = it.GenerateRequest(workload="stream-16")
+            error = await _consume(client.generate(request), received)
         assert isinstance(error, it.CancelledByPeerError), repr(error)
         assert received == chunks[:3]
 

@@ -26,7 +26,6 @@ from http import HTTPStatus
 from typing import ClassVar, Final
 
 import httptools
-import orjson
 
 import inferwire.codecs as ic
 
@@ -496,11 +495,9 @@ class Http1Client(Client):
     async def generate(
         self, request: GenerateRequest, *, timing: StreamTiming | None = None
     ) -> AsyncIterator[ic.TokenChunk]:
-        obj = {**request.to_json_obj(), "stream": True}
         if timing is not None:
-            obj["timing"] = True
             timing.request_start_ns = now_ns()
-        body = orjson.dumps(obj)
+        body = request.to_json(timing=timing is not None, stream=True)
         conn, status = await self._send(
             "/v1/chat/completions", "application/json", self.codec.stream_media_type, body, timing
         )

@@ -22,6 +22,8 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+import orjson
+
 from inferwire.codecs import InferRequest, InferResponse, Tensor, TokenChunk, Usage
 
 from .errors import BadRequestError
@@ -71,6 +73,16 @@ class GenerateRequest:
         if self.timing:
             obj["timing"] = True
         return obj
+
+    def to_json(self, *, timing: bool = False, stream: bool = False) -> bytes:
+        """The JSON body that asks for this stream: with ``timing``, the server's per-chunk
+        stamps too; with ``stream``, the OpenAI ``"stream": true`` an HTTP route needs."""
+        obj = self.to_json_obj()
+        if timing:
+            obj["timing"] = True
+        if stream:
+            obj["stream"] = True
+        return orjson.dumps(obj)
 
     @classmethod
     def from_json_obj(cls, obj: object) -> GenerateRequest:

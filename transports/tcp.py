@@ -235,8 +235,7 @@ class TcpClient(Client):
         limit = self.limits.max_message_bytes
         if timing is not None:
             timing.request_start_ns = now_ns()
-        obj = request.to_json_obj()
-        body = orjson.dumps({**obj, "timing": True} if timing is not None else obj)
+        body = request.to_json(timing=timing is not None)
         async with self._lock:
             done = False
             stream = ChunkReader.of_bytes(self.codec, limit, "tcp", timing)

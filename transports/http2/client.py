@@ -20,7 +20,6 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
-import orjson
 
 import inferwire.codecs as ic
 
@@ -39,7 +38,7 @@ from ..errors import (
 from ..service import GenerateRequest
 from ..streams import ChunkReader
 from ..timing import TRAILER, StreamTiming, now_ns, unpack_text
-from .flow import WINDOW_BYTES, FlowControl, Writer
+from .flow import WINDOW_BYTES, FlowControl, Writer, h2_connection
 
 
 class _StreamClosedError(ProtocolError):
@@ -72,14 +71,7 @@ class _ClientStream:
 
 class ClientProtocol(asyncio.Protocol):
     def __init__(self, timeout_s: float) -> None:
-        self.conn = h2.connection.H2Connection(
-            h2.config.H2Configuration(
-                client_side=True,
-                header_encoding=None,
-                validate_outbound_headers=False,
-                normalize_outbound_headers=False,
-            )
-        )
+        self.conn = h2_connection(client_side=True)
         self.streams: dict[int, _ClientStream] = {}
         self.flow = FlowControl(timeout_s)
         self.writer: Writer | None = None
@@ -380,11 +372,9 @@ class Http2Client(Client):
     async def generate(
         self, request: GenerateRequest, *, timing: StreamTiming | None = None
     ) -> AsyncIterator[ic.TokenChunk]:
-        obj = {**request.to_json_obj(), "stream": True}
         if timing is not None:
-            obj["timing"] = True
             timing.request_start_ns = now_ns()
-        body = orjson.dumps(obj)
+        body = request.to_json(timing=timing is not None, stream=True)
         protocol, stream_id, stream, status = await self._start(
             "/v1/chat/completions", "application/json", self.codec.stream_media_type, body, timing
         )

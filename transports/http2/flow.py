@@ -1,4 +1,5 @@
-"""HTTP/2 flow control and write back-pressure, shared by the server and the client.
+"""What both ends of an HTTP/2 connection share: h2's configuration, flow control, and write
+back-pressure.
 
 RFC 9113, section 5.2: a sender writes no more than the stream's window and the connection's,
 then waits for a WINDOW_UPDATE, so a slow reader stalls only its own stream. A write to a
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
+import h2.config
 import h2.connection
 import h2.exceptions
 
@@ -18,6 +20,19 @@ from ..errors import PeerNotReadingError, TransportTimeoutError
 WINDOW_BYTES: Final = 1 << 20
 """Initial stream window each end advertises: 1 MiB (h2's default 64 KiB would stall a fast
 stream on loopback every few frames)."""
+
+
+def h2_connection(*, client_side: bool) -> h2.connection.H2Connection:
+    """An h2 connection with outbound checks off (we build every header we send) and inbound
+    ones on (peers lie); header names and values stay bytes."""
+    return h2.connection.H2Connection(
+        h2.config.H2Configuration(
+            client_side=client_side,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+    )
 
 
 class Writer:

@@ -40,7 +40,7 @@ from ..common import BACKLOG
 from ..errors import PeerLimitError, PeerNotReadingError, TransportTimeoutError
 from ..httpapp import HttpApp, Response, error
 from ..timing import TRAILER, now_ns
-from .flow import WINDOW_BYTES, FlowControl, Writer
+from .flow import WINDOW_BYTES, FlowControl, Writer, h2_connection
 
 _log = logging.getLogger(__name__)
 
@@ -75,15 +75,7 @@ class _ServerStream:
 class ServerProtocol(asyncio.Protocol):
     def __init__(self, server: Http2Server) -> None:
         self.server = server
-        self.conn = h2.connection.H2Connection(
-            # outbound checks off: we build every header we send; inbound stay on (peers lie)
-            h2.config.H2Configuration(
-                client_side=False,
-                header_encoding=None,
-                validate_outbound_headers=False,
-                normalize_outbound_headers=False,
-            )
-        )
+        self.conn = h2_connection(client_side=False)
         self.streams: dict[int, _ServerStream] = {}
         self.flow = FlowControl(server.limits.timeout_s)
         self.writer: Writer | None = None
