@@ -226,19 +226,6 @@ class _Table:
 
 _varint = pbwire.varint
 _SMALL: Final = tuple(bytes((i,)) for i in range(128))
-_TOKEN_VARINTS: dict[int, bytes] = {}
-_MAX_CACHED_TOKEN_VARINTS: Final = 1 << 17  # Llama 3's vocabulary fits; about 13 MB at most
-
-
-def _token_varint(token_id: int) -> bytes:
-    """A token id's varint, cached: ids repeat (Zipf) and encoding one costs a loop."""
-    cached = _TOKEN_VARINTS.get(token_id)
-    if cached is None:
-        cached = _varint(token_id)
-        if len(_TOKEN_VARINTS) < _MAX_CACHED_TOKEN_VARINTS:
-            _TOKEN_VARINTS[token_id] = cached
-    return cached
-
 
 _DOUBLE = pbwire.DOUBLE.pack
 
@@ -400,54 +387,6 @@ class DeltaStreamEncoder:
                 self._next_seq += 1
                 self.count += 1
                 return frame
-        # The common frame, written without the general path's checks: the next chunk of the
-        # same response (the very same id and model objects, as a server's own chunks are),
-        # one token, a text already in the table, nothing else.
-        if (
-            type(chunk) is TokenChunk
-            and base is not None
-            and chunk.seq == self._next_seq
-            and chunk.id is base[0]
-            and chunk.model is base[1]
-            and chunk.created == base[2]
-            and chunk.index == base[3]
-            and chunk.logprobs is None
-            and chunk.finish_reason is None
-            and chunk.usage is None
-            and len(chunk.token_ids) == 1
-            and not self._broken
-        ):
-            token_id = chunk.token_ids[0]
-            if 0 <= token_id < _UINT32:
-                # one-byte varints by table lookup: a call apiece costs more than the frame
-                ids = _TOKEN_VARINTS.get(token_id) or _token_varint(token_id)
-                text = chunk.text
-                table = self._table
-                ref = table.index.get(text)
-                if ref is not None:
-                    text_field = b"\x18" + (_SMALL[ref + 1] if ref < 127 else _varint(ref + 1))
-                elif text:
-                    try:
-                        raw = text.encode()
-                    except UnicodeEncodeError as exc:  # nothing written, nothing added
-                        raise EncodeError(f"delta: text is not valid Unicode: {exc}") from exc
-                    table.ref(text)
-                    text_field = b"\x22" + _varint(len(raw)) + raw
-                else:
-                    text_field = b""
-                offset = chunk.seq - self._base_seq
-                frame = (
-                    b"\x08"
-                    + (_SMALL[offset] if offset < 128 else _varint(offset))
-                    + b"\x12"
-                    + _SMALL[len(ids)]
-                    + ids
-                    + text_field
-                )
-                self._next_seq += 1
-                self.count += 1
-                size = len(frame) + 1
-                return (_SMALL[size] if size < 128 else _varint(size)) + frame
         if type(chunk) is not TokenChunk:
             raise EncodeError(f"codec 'delta' cannot encode {type(chunk).__name__}")
         if self._broken:
@@ -848,14 +787,10 @@ class DeltaStreamDecoder:
             # whole frames, as a transport usually hands them over: parsed in place
             view = data if type(data) is bytes else bytes(data)
         header = self._header
-        response_id, model, created, index, base_seq = header
         end = len(view)
         table = self._table
         strings = table.strings
         accel = self._accel
-        # the pure-Python fast path, without the extension: its frames are under 128 bytes
-        fast_ok = accel is None and self.max_frame_bytes >= 127
-        next_seq = base_seq + self.count
         try:
             while pos < end:
                 if accel is not None and self._pending_gap is None:
@@ -872,32 +807,6 @@ class DeltaStreamDecoder:
                     if pos == end:
                         break
                     # the frame at pos is not the extension's to take: the general path reads it
-                fast = _fast_frame(view, pos, end, strings) if fast_ok else None
-                if fast is not None:
-                    offset, token_id, text, pos, literal = fast
-                    seq = base_seq + offset
-                    # order first: a frame out of turn must not touch the string table
-                    if (seq == next_seq and self._pending_gap is None) or self._in_sequence(
-                        seq, len(out)
-                    ):
-                        if literal:
-                            table.add(text)
-                        out.append(
-                            new_token_chunk(
-                                response_id,
-                                model,
-                                created,
-                                index,
-                                seq,
-                                (token_id,),
-                                text,
-                                None,
-                                None,
-                                None,
-                            )
-                        )
-                        next_seq += 1
-                    continue
                 length, body = _frame_length(view, pos, end, self.max_frame_bytes)
                 if body is None:
                     break
@@ -930,7 +839,6 @@ class DeltaStreamDecoder:
                 pos = frame_end
                 if chunk is not None:
                     out.append(chunk)
-                    next_seq += 1
         finally:
             self.count += len(out)
             if pos < end:
@@ -1021,58 +929,6 @@ class DeltaStreamDecoder:
             if self._header is None:
                 state = "before its header was complete"
             raise IncompleteStreamError(f"delta stream ended {state} after {self.count} chunks")
-
-
-def _fast_frame(
-    data: bytes, pos: int, end: int, strings: list[str]
-) -> tuple[int, int, str, int, bool] | None:
-    """The common frame, read without the general parser: ``08 <seq> 12 <n> <id>`` and then
-    either ``18 <ref>``, ``22 <len> <text>`` or nothing, every length and ref one byte.
-
-    Returns (seq offset, token id, text, frame end, whether the text is a new literal for the
-    table), or ``None`` when the frame has another shape or is not all here: the general
-    path then decides what it is.
-    """
-    length = data[pos]
-    frame_end = pos + length
-    if not 6 <= length < 128 or frame_end > end:
-        return None
-    offset = data[pos + 2]
-    count = data[pos + 4]
-    if data[pos + 1] != 0x08 or offset >= 128 or data[pos + 3] != 0x12 or not 1 <= count <= 3:
-        return None
-    after = pos + 5 + count
-    if after > frame_end:
-        return None
-    b0 = data[pos + 5]
-    if count == 1:
-        token_id = b0
-        if b0 >= 128:
-            return None
-    elif count == 2:
-        b1 = data[pos + 6]
-        if b0 < 128 or b1 >= 128:
-            return None
-        token_id = b0 & 0x7F | b1 << 7
-    else:
-        b1 = data[pos + 6]
-        b2 = data[pos + 7]
-        if b0 < 128 or b1 < 128 or b2 >= 128:
-            return None
-        token_id = b0 & 0x7F | (b1 & 0x7F) << 7 | b2 << 14
-    if after == frame_end:
-        return offset, token_id, "", frame_end, False
-    kind = data[after]
-    size = data[after + 1] if after + 1 < frame_end else 128
-    if kind == 0x18 and after + 2 == frame_end and 0 < size <= len(strings):
-        return offset, token_id, strings[size - 1], frame_end, False
-    if kind == 0x22 and size < 128 and after + 2 + size == frame_end:
-        try:
-            text = data[after + 2 : frame_end].decode()
-        except UnicodeDecodeError:
-            return None  # the general path raises the error
-        return offset, token_id, text, frame_end, True
-    return None
 
 
 def _frame_length(data: bytes, pos: int, end: int, max_frame_bytes: int) -> tuple[int, int | None]:
