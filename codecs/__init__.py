@@ -52,7 +52,7 @@ from .model import (
     TopLogprob,
     Usage,
 )
-from .registry import (
+from .schema_registry import (
     CachingResolver,
     Compatibility,
     RegisteredSchema,

@@ -84,7 +84,7 @@ from .model import (
     new_token_logprob,
     new_top_logprob,
 )
-from .registry import CachingResolver, Schema, SchemaRegistry, SchemaResolver
+from .schema_registry import CachingResolver, Schema, SchemaRegistry, SchemaResolver
 
 M = TypeVar("M")
 
