@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, Codec
 from .errors import (
+    AlteredStreamError,
     BadMagicError,
     CodecError,
     CorruptRegistryError,
@@ -39,7 +40,7 @@ from .errors import (
     VerificationError,
 )
 from .framing import DEFAULT_MAX_FRAME_BYTES, BytesLike, StreamDecoder, StreamEncoder
-from .integrity import AlteredStreamError, StreamVerifier
+from .integrity import StreamVerifier
 from .model import (
     DATATYPES,
     EmbeddingBatch,
