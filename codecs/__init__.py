@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, Codec
 from .errors import (
+    AlteredStreamError,
     BadMagicError,
     CodecError,
     CorruptRegistryError,
@@ -39,7 +40,7 @@ from .errors import (
     VerificationError,
 )
 from .framing import DEFAULT_MAX_FRAME_BYTES, BytesLike, StreamDecoder, StreamEncoder
-from .integrity import AlteredStreamError, StreamVerifier
+from .integrity import StreamVerifier
 from .model import (
     DATATYPES,
     EmbeddingBatch,
@@ -52,7 +53,7 @@ from .model import (
     TopLogprob,
     Usage,
 )
-from .registry import (
+from .schema_registry import (
     CachingResolver,
     Compatibility,
     RegisteredSchema,

@@ -1,8 +1,8 @@
 /* _delta_accel: the delta codec's per-frame work, compiled.
  *
- * codecs/delta_codec.py is the reference: its module docstring gives the bytes, and its pure
- * Python encoder and decoder stay the fallback. This module does the hot work of one stream's
- * steady state and nothing else:
+ * codecs/delta_wire.py gives the bytes; the pure Python encoder and decoder (delta_encoder.py,
+ * delta_decoder.py) are the reference and stay the fallback. This module does the hot work of
+ * one stream's steady state and nothing else:
  *
  *   encode_frame  one chunk -> the bytes of its frame (length prefix included), updating the
  *                 encoder's string table, byte for byte what DeltaStreamEncoder._encode writes;
@@ -42,7 +42,7 @@
 #define UINT32_LIMIT ((uint64_t)1 << 32)
 #define SMALL_BUF 512
 
-/* 10.0 ** k for k <= 22: every one an exact double (delta_codec._POW10). */
+/* 10.0 ** k for k <= 22: every one an exact double (delta_wire._POW10). */
 static const double POW10[MAX_SCALE + 1] = {
     1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
     1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
@@ -409,7 +409,7 @@ put_double(Buf *buf, double value)
 
 /* ---- logprobs as decimals ------------------------------------------------------------------- */
 
-/* delta_codec._decimal: value == mantissa / 10**scale exactly, from the shortest repr.
+/* delta_wire.to_decimal: value == mantissa / 10**scale exactly, from the shortest repr.
  * 1: found; 0: none (nan, inf, zero, exponent notation, too many places or digits); -1: error. */
 static int
 decimal(double value, int64_t *mantissa, int *scale)
@@ -698,7 +698,8 @@ same_str(PyObject *a, PyObject *b)
     return a == b || PyUnicode_Compare(a, b) == 0; /* both exact str: no error */
 }
 
-/* _Table.ref: the table ref of text (0: it is sent literally, and joins the table if it may). */
+/* StringTable.ref: the table ref of text (0: it is sent literally, and joins the table if it
+ * may). */
 static int
 table_ref(PyObject *index, PyObject *strings, PyObject *text, uint64_t *ref)
 {
@@ -777,7 +778,7 @@ put_literal(Buf *buf, uint8_t key, PyObject *text)
 
 #define SMALL_TOP 32
 
-/* delta_codec._top_logprobs for the count alternatives at top: decimals over one common scale,
+/* delta_encoder._top_logprobs for the count alternatives at top: decimals over one common scale,
  * else doubles. */
 static int
 put_top_values(Buf *buf, const Entry *top, Py_ssize_t count)
@@ -859,7 +860,7 @@ same_float(double a, double b)
     return a == b && (a != 0.0 || copysign(1.0, a) == copysign(1.0, b));
 }
 
-/* delta_codec._logprob: one Logprob message's fields, from its entry and the alternatives'
+/* delta_encoder._logprob: one Logprob message's fields, from its entry and the alternatives'
  * entries right after it. */
 static int
 put_logprob(Buf *buf, PyObject *index, PyObject *strings, const Entry *lp)
@@ -1087,7 +1088,7 @@ pending_clear(Pending *pending)
     pending->cap = SMALL_PENDING;
 }
 
-/* _Table.add: a literal of 1 to max_chars characters joins the table while it has room. */
+/* StringTable.add: a literal of 1 to max_chars characters joins the table while it has room. */
 static int
 pending_add(Pending *pending, PyObject *text)
 {
@@ -1119,7 +1120,7 @@ pending_add(Pending *pending, PyObject *text)
     return 0;
 }
 
-/* _Table.get: a new reference to entry ref - 1, or NULL (no error set) if there is none. */
+/* StringTable.get: a new reference to entry ref - 1, or NULL (no error set) if there is none. */
 static PyObject *
 pending_get(Pending *pending, uint64_t ref)
 {
@@ -1187,7 +1188,7 @@ decimal_value(int64_t mantissa, uint64_t scale, double *out)
         }                  \
     } while (0)
 
-/* One Logprob message in data[pos:end], in the encoder's field order (see delta_codec._logprob):
+/* One Logprob message in data[pos:end], in the encoder's field order (see delta_encoder._logprob):
  * token ref or literal, logprob as a decimal or a double, the top[0]-repeats-token flag, then
  * the other alternatives' refs, literals and packed values. */
 static int
@@ -1665,7 +1666,7 @@ decode_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 PyDoc_STRVAR(decimal_doc,
              "decimal(value, /)\n--\n\n"
-             "delta_codec._decimal(value): (mantissa, scale) or None. For tests.");
+             "delta_wire.to_decimal(value): (mantissa, scale) or None. For tests.");
 
 static PyObject *
 decimal_py(PyObject *module, PyObject *arg)

@@ -93,6 +93,15 @@ class ReorderedFrameError(SequenceError):
     """A frame arrived ahead of its turn, and the one it skipped came right after it."""
 
 
+class AlteredStreamError(DecodeError):
+    """A stream that is whole and in order but is not the stream that was sent: a chunk's
+    tokens or text differ from the expected ones, or it has more or fewer chunks."""
+
+    def __init__(self, message: str, *, seq: int) -> None:
+        super().__init__(message)
+        self.seq = seq
+
+
 class SchemaError(CodecError):
     """Root of the schema registry's errors."""
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from .errors import (
-    DecodeError,
+    AlteredStreamError,
     DuplicateFrameError,
     IncompleteStreamError,
     ReorderedFrameError,
@@ -39,15 +39,6 @@ from .model import TokenChunk
 __all__ = ["AlteredStreamError", "StreamVerifier"]
 
 _NONE: Final = -1
-
-
-class AlteredStreamError(DecodeError):
-    """A stream that is whole and in order but is not the stream that was sent: a chunk's
-    tokens or text differ from the expected ones, or it has more or fewer chunks."""
-
-    def __init__(self, message: str, *, seq: int) -> None:
-        super().__init__(message)
-        self.seq = seq
 
 
 class StreamVerifier:

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from . import openai as oa
 from .base import BytesLike
-from .dictcodec import DictCodec, Framing
+from .dict_codec import DictCodec, Framing
 from .model import TokenChunk
 
 

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import msgpack
 
 from .base import BytesLike
-from .dictcodec import DictCodec
+from .dict_codec import DictCodec
 
 
 class MsgpackCodec(DictCodec):

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import orjson
 
 from .base import BytesLike
-from .dictcodec import DictCodec, Framing
+from .dict_codec import DictCodec, Framing
 
 
 class OrjsonCodec(DictCodec):

@@ -1,7 +1,7 @@
 """The delta codec (codecs/delta_codec.py): a response's fixed fields once, then what changes.
 
 Frame-level faults (a gap, a duplicate, a swap, a bad end marker, a bad string ref) are built
-by cutting an encoded stream along the layout its module docstring documents:
+by cutting an encoded stream along the layout codecs/delta_wire.py documents:
 
     header  0x00, 4-byte big-endian schema id, varint N, N bytes of a ``Header`` message
     frame   varint L + 1, L bytes of a ``Frame`` message (a length of 0 is the end marker)

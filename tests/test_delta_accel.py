@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import inferwire.codecs as ic
 from inferwire.bench import workloads
-from inferwire.codecs import delta_codec
+from inferwire.codecs import delta_codec, delta_wire
 from inferwire.codecs.delta_codec import DELTA_V1, DeltaCodec
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._delta_accel")
@@ -369,7 +369,7 @@ def _tops(words: list[str], i: int) -> tuple[ic.TopLogprob, ...]:
 @settings(max_examples=200)
 @given(value=floats)
 def test_the_decimal_form_of_a_float_is_the_same(value: float) -> None:
-    assert ACCEL.decimal(value) == delta_codec._decimal(value)
+    assert ACCEL.decimal(value) == delta_wire.to_decimal(value)
 
 
 # -- decoding: the same chunks, the same errors ------------------------------------------------

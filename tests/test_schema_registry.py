@@ -1,4 +1,4 @@
-"""The schema registry (codecs/registry.py) and the compatibility rules (codecs/compat.py).
+"""The schema registry (codecs/schema_registry.py) and the compatibility rules (codecs/compat.py).
 
 Test schemas are FileDescriptorSets built with ``descriptor_pb2``; each is checked to be one
 protobuf itself accepts (a descriptor pool builds it) before the registry sees it.

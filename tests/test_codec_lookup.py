@@ -1,4 +1,5 @@
-"""The registry and the surface every codec keeps: names, errors, what each codec carries."""
+"""Codec lookup (``ic.names``, ``ic.get``) and the surface every codec keeps: names, errors, what
+each codec carries."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_names_are_the_registered_codecs_in_a_stable_order() -> None:
         "tensor",
         "delta",
     ]
-    assert ic.names() is not ic.names()  # a copy: callers cannot change the registry
+    assert ic.names() is not ic.names()  # a copy: callers cannot change the codec list
 
 
 @pytest.mark.parametrize("name", NAMES)
