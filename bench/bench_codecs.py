@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import inferwire.codecs as ic
-from inferwire.bench import workloads
+from inferwire import workloads
 from inferwire.bench.baselines import BASELINES, read_all
 from inferwire.bench.measure import paired_ratio
 from inferwire.codecs import delta_codec

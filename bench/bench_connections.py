@@ -20,7 +20,7 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench import servers
-from inferwire.bench.serving import workload_source
+from inferwire.workloads import token_stream_source
 
 CODEC = "protobuf"
 SETUP_TRANSPORTS = ("http1", "http2", "grpc")
@@ -39,7 +39,7 @@ class _Env:
         self.loop = asyncio.new_event_loop()
         self.servers: dict[tuple[str, bool], servers.ServerProcess] = {}
         self.proxies: dict[tuple[str, bool], servers.ServerProcess] = {}
-        self.expected = it.SimulatedService(workload_source).infer(REQUEST)
+        self.expected = it.SimulatedService(token_stream_source).infer(REQUEST)
 
     def address(self, transport: str, tls: bool, delay_ms: int) -> tuple[str, it.ClientTls | None]:
         key = (transport, tls)

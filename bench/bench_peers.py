@@ -56,7 +56,7 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench import peers, servers
-from inferwire.bench.serving import workload_source
+from inferwire.workloads import token_stream_source
 
 CODEC: Final = "orjson"
 WORKLOAD: Final = "stream-256"
@@ -143,7 +143,7 @@ class _Env:
         self.loop = asyncio.new_event_loop()
         self.processes: dict[str, servers.ServerProcess] = {}
         self.request = it.GenerateRequest(workload=WORKLOAD)
-        self.expected = list(it.SimulatedService(workload_source).chunks(self.request))
+        self.expected = list(it.SimulatedService(token_stream_source).chunks(self.request))
         self.own_affinity = os.sched_getaffinity(0)
         cores = sorted(self.own_affinity)
         self.pinned = len(cores) >= 2

@@ -27,7 +27,7 @@ import pytest
 
 import inferwire.transports as it
 from inferwire.bench import servers
-from inferwire.bench.serving import workload_source
+from inferwire.workloads import token_stream_source
 
 DECODE_MS = 1.0
 REQUEST_STAGES = (
@@ -88,7 +88,7 @@ def bench_stages(benchmark: Any, stage_env: _Env, transport: str, codec: str) ->
     server = stage_env.server(transport, codec, DECODE_MS)
     workload = "stream-16" if benchmark.disabled else STAGE_WORKLOAD
     request = it.GenerateRequest(workload=workload)
-    expected = list(it.SimulatedService(workload_source).chunks(request))
+    expected = list(it.SimulatedService(token_stream_source).chunks(request))
     timings: list[it.StreamTiming] = []
 
     async def timed() -> list[Any]:
@@ -134,7 +134,7 @@ def bench_wan_share(
     delay_ms = 1.0 if benchmark.disabled else WAN_DELAY_MS
     address = stage_env.proxy(server, delay_ms).address if path == "proxied" else server.address
     tokens = 2 if benchmark.disabled else WAN_TOKENS
-    service = it.SimulatedService(workload_source)
+    service = it.SimulatedService(token_stream_source)
     stream_request = it.GenerateRequest(workload="stream-16", max_tokens=tokens)
     token_requests = [
         it.GenerateRequest(workload="stream-16", seed=i, max_tokens=1) for i in range(tokens)

@@ -21,7 +21,7 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench import servers
 from inferwire.bench.measure import paired_ratio
-from inferwire.bench.serving import workload_source
+from inferwire.workloads import token_stream_source
 
 PAIRS = 11
 STREAM_WORKLOAD = "stream-256"
@@ -52,7 +52,7 @@ class _Bench:
         self.loop = asyncio.new_event_loop()
         self.servers: dict[tuple[str, str], servers.ServerProcess] = {}
         self.clients: dict[tuple[str, str, str], it.Client] = {}
-        self.service = it.SimulatedService(workload_source)
+        self.service = it.SimulatedService(token_stream_source)
 
     def client(self, transport: str, codec: str, mode: str = "") -> it.Client:
         key = (transport, codec, mode)
@@ -106,7 +106,7 @@ def _stream(client: it.Client) -> Callable[[], Coroutine[Any, Any, list[ic.Token
 
 
 def _unary_correct(responses: list[Any]) -> bool:
-    expected = it.SimulatedService(workload_source).infer(SMALL_REQUEST)
+    expected = it.SimulatedService(token_stream_source).infer(SMALL_REQUEST)
     return all(r == expected for r in responses)
 
 

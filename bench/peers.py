@@ -42,9 +42,9 @@ import orjson
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.transports.common import error_body
+from inferwire.workloads import token_stream_source
 
 from . import servers
-from .serving import workload_source
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.http2 and args.server != "hypercorn":
         parser.error("--http2: only hypercorn (uvicorn's HTTP/2 needs zttp, not installed here)")
     service = it.SimulatedService(
-        workload_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
+        token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
     )
     app = make_app(service, ic.get(args.codec))
     sock = _listen(args.host, args.port)

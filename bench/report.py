@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import transport_report, workloads
+from inferwire import workloads
+
+from . import transport_report
 from .tables import table as _table
 
 WRAPPER_TARGET = 1.05

@@ -4,7 +4,7 @@ in this process, until SIGINT or SIGTERM.
 The first line on stdout says where it listens (``listening on HOST:PORT``, and with a
 generated test certificate ``ca=PATH`` of its CA), so a parent process that asked for port 0
 learns the port. The simulated service plays the seeded workloads of
-:mod:`inferwire.bench.workloads`.
+:mod:`inferwire.workloads`.
 """
 
 from __future__ import annotations
@@ -14,24 +14,13 @@ import asyncio
 import contextlib
 import signal
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.codecs.delta_codec import default_registry
 from inferwire.transports.proxy import DelayProxy
-
-from . import workloads
-
-
-def workload_source(name: str, seed: int) -> Sequence[ic.TokenChunk]:
-    """The chunks of a token-stream workload: the service's source."""
-    try:
-        workload = workloads.get(name)
-    except (KeyError, ValueError) as exc:
-        raise KeyError(name) from exc
-    return [m for m in workload.messages(seed) if isinstance(m, ic.TokenChunk)]
+from inferwire.workloads import token_stream_source
 
 
 def _announce(host: str, port: int, extra: str = "") -> None:
@@ -49,7 +38,7 @@ async def _until_signalled(stop: asyncio.Event) -> None:
 
 async def _serve(args: argparse.Namespace) -> None:
     service = it.SimulatedService(
-        workload_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
+        token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
     )
     extra = ""
     tls = None

@@ -13,11 +13,12 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench import load, metrics, openloop, workloads
-from inferwire.bench.serving import workload_source
+from inferwire import workloads
+from inferwire.bench import load, metrics, openloop
 from inferwire.codecs.integrity import AlteredStreamError, StreamVerifier
+from inferwire.workloads import token_stream_source
 
-SERVICE = it.SimulatedService(workload_source)
+SERVICE = it.SimulatedService(token_stream_source)
 CHUNKS = list(SERVICE.chunks(it.GenerateRequest(workload="stream-16")))
 STREAMS = [w for w in workloads.names() if workloads.get(w).kind == "stream"]
 

@@ -20,8 +20,8 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench import cli, openloop, servers
 from inferwire.bench.metrics import Histogram, Recorder, Slo
-from inferwire.bench.serving import workload_source
 from inferwire.transports.tcp import TcpServer
+from inferwire.workloads import token_stream_source
 
 STALL_S = 0.2
 
@@ -31,7 +31,7 @@ class StallingService(it.SimulatedService):
     chunk, as a garbage-collection pause would: every connection waits, not just that one."""
 
     def __init__(self, *, every: int = 0, stall_s: float = STALL_S, **kwargs: Any) -> None:
-        super().__init__(workload_source, **kwargs)
+        super().__init__(token_stream_source, **kwargs)
         self.every = every
         self.stall_s = stall_s
         self.max_active = 0

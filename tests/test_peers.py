@@ -16,7 +16,7 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench import peers, servers
-from inferwire.bench.serving import workload_source
+from inferwire.workloads import token_stream_source
 
 CODEC = "orjson"
 # (peer, our client's transport, the CLI options that ask for it)
@@ -28,7 +28,7 @@ REQUESTS = [
 
 
 def _expected(request: it.GenerateRequest) -> list[ic.TokenChunk]:
-    return list(it.SimulatedService(workload_source).chunks(request))
+    return list(it.SimulatedService(token_stream_source).chunks(request))
 
 
 def _wire_bytes(request: it.GenerateRequest) -> bytes:
