@@ -120,9 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", type=Path, default=Path("results"))
     rep.set_defaults(run=_report)
 
-    from . import load, serving
+    from inferwire.transports import serve
 
-    serving.add_commands(commands)
+    from . import load
+
+    serve.add_commands(commands)
     load.add_commands(commands)
 
     args = parser.parse_args(argv)

@@ -125,8 +125,8 @@ def server_process(
     transport: str, codec: str, extra_args: Sequence[str], log_path: Path
 ) -> Iterator[ServerProcess]:
     """``inferwire serve`` in a child process; killed (if still running) and reaped on exit."""
-    command = [sys.executable, "-m", "inferwire.bench.cli", "serve", "--transport", transport]
-    command += ["--codec", codec, *extra_args]
+    command = [sys.executable, "-m", "inferwire.transports.serve", "serve"]
+    command += ["--transport", transport, "--codec", codec, *extra_args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL

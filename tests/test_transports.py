@@ -1,6 +1,6 @@
 """Every transport with every codec, end to end, against ``inferwire serve`` subprocesses.
 
-The servers are the CLI's (``python -m inferwire.bench.cli serve``), started once per
+The servers are ``python -m inferwire.transports.serve serve`` processes, started once per
 (transport, codec, tls) for the session on a free port of 127.0.0.1; the tests are clients in
 this process. What a stream should carry is what a local :class:`SimulatedService` over the
 same workload source says, chunk for chunk; unary inference must echo its tensors bitwise.
@@ -104,7 +104,7 @@ class CliProcesses:
         log = self.folder / f"{len(self.processes)}-{args[0]}.stderr"
         with log.open("w") as stderr:
             process = subprocess.Popen(
-                [sys.executable, "-m", "inferwire.bench.cli", *args],
+                [sys.executable, "-m", "inferwire.transports.serve", *args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
