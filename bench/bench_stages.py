@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import inferwire.transports as it
-from inferwire.bench import servers
+from inferwire.bench.procs import server_process
 from inferwire.workloads import token_stream_source
 
 DECODE_MS = 1.0
@@ -50,22 +50,24 @@ WAN_TOKENS = 16
 class _Env:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.processes: dict[tuple[str, ...], servers.ServerProcess] = {}
+        self.processes: dict[tuple[str, ...], server_process.ServerProcess] = {}
 
     def server(
         self, transport: str, codec: str, decode_ms: float, prefill_ms: float = 0.0
-    ) -> servers.ServerProcess:
+    ) -> server_process.ServerProcess:
         key = (transport, codec, str(decode_ms), str(prefill_ms))
         if key not in self.processes:
-            self.processes[key] = servers.serve(
+            self.processes[key] = server_process.serve(
                 transport, codec, "--decode-ms", str(decode_ms), "--prefill-ms", str(prefill_ms)
             ).start()
         return self.processes[key]
 
-    def proxy(self, upstream: servers.ServerProcess, delay_ms: float) -> servers.ServerProcess:
+    def proxy(
+        self, upstream: server_process.ServerProcess, delay_ms: float
+    ) -> server_process.ServerProcess:
         key = ("proxy", upstream.address, str(delay_ms))
         if key not in self.processes:
-            self.processes[key] = servers.proxy(upstream.address, delay_ms).start()
+            self.processes[key] = server_process.proxy(upstream.address, delay_ms).start()
         return self.processes[key]
 
     def close(self) -> None:

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import peers
+from inferwire.bench.procs import peer_servers as peers
+
 from .tables import table as _table
 
 LOAD_RAW = "load.json"

@@ -408,7 +408,9 @@ def render(
 
 
 def write(raw_path: Path, out_dir: Path) -> Path:
-    from . import claims, faults, load_report, more_report
+    from inferwire.bench.loadgen import faults
+
+    from . import claims, load_report, more_report
 
     results, raw = load(raw_path)
     raw_dir = raw_path.parent

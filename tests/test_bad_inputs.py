@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import inferwire.codecs as ic
-from inferwire.bench import hostile
+from inferwire.bench.loadgen import bad_inputs
 from inferwire.workloads.hostile import KINDS
 
 
 def test_the_hostile_inputs_report_finds_no_escape() -> None:
-    rows = hostile.codec_inputs_report(seed=1, per_codec=60)
+    rows = bad_inputs.codec_inputs_report(seed=1, per_codec=60)
     assert {row["codec"] for row in rows} == set(ic.names())
     assert {row["kind"] for row in rows} == set(KINDS)
     for row in rows:
@@ -18,6 +18,6 @@ def test_the_hostile_inputs_report_finds_no_escape() -> None:
         assert row["other"] == 0, row
         if row["kind"] in ("too-deep", "too-many", "fan-out"):  # each past a limit
             assert row["decode_error"] == row["tried"], row
-    table = hostile.render(rows)
+    table = bad_inputs.render(rows)
     assert table.startswith("|")
     assert all(name in table for name in ic.names())

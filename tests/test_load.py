@@ -18,8 +18,10 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench import cli, openloop, servers
-from inferwire.bench.metrics import Histogram, Recorder, Slo
+from inferwire.bench.loadgen import openloop
+from inferwire.bench.loadgen.metrics import Histogram, Recorder, Slo
+from inferwire.bench.procs import server_process
+from inferwire.bench.runner import cli
 from inferwire.transports.tcp import TcpServer
 from inferwire.workloads import token_stream_source
 
@@ -237,11 +239,11 @@ def test_concurrency_cap_is_respected() -> None:
 def test_a_dying_server_is_counted_not_dropped() -> None:
     spec = openloop.LoadSpec(workload="stream-16", duration_s=2.0, seed=7, drain_timeout_s=30)
 
-    async def run(server: servers.ServerProcess) -> dict[str, Any]:
+    async def run(server: server_process.ServerProcess) -> dict[str, Any]:
         asyncio.get_running_loop().call_later(0.8, server.kill)
         return await _drive(server.address, spec, rate_rps=100.0)
 
-    with servers.serve("tcp", "orjson", "--decode-ms", "1") as server:
+    with server_process.serve("tcp", "orjson", "--decode-ms", "1") as server:
         point = asyncio.run(run(server))
     assert point["requests_completed"] > 0
     assert point["requests_failed"] > 0

@@ -1,10 +1,10 @@
 """The ``inferwire`` command.
 
-inferwire bench [--out results] [--quick]   run the benchmark matrix, write results/
+inferwire bench [--out results] [-k EXPR]  run the benchmark matrix, write results/
 inferwire report [--out results]            rebuild results/README.md from results/raw/
 inferwire serve --transport T --codec C     one transport's server (prints its address)
 inferwire proxy --upstream H:P --delay-ms X the WAN-delay proxy
-inferwire load --transport T --spawn ...    the open-loop load generator (see bench/load.py)
+inferwire load --transport T --spawn ...    the open-loop load generator (bench/loadgen/)
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+SUITES_DIR = Path(__file__).resolve().parents[1]
+"""bench/, where the suites are."""
 RAW_NAME = "codecs.json"
 
 
@@ -31,7 +32,7 @@ SUITES = (
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from . import report
+    from inferwire.bench import report
 
     out: Path = args.out
     raw = out / "raw"
@@ -43,7 +44,7 @@ def _bench(args: argparse.Namespace) -> int:
             sys.executable,
             "-m",
             "pytest",
-            str(HERE / suite),
+            str(SUITES_DIR / suite),
             "-p",
             "no:cacheprovider",
             "-q",
@@ -66,7 +67,7 @@ def _bench(args: argparse.Namespace) -> int:
         if args.filter:
             command += ["-k", args.filter]
         # rootdir/config: the project's pytest settings apply when run from a checkout
-        completed = subprocess.run(command, cwd=HERE.parent, check=False)
+        completed = subprocess.run(command, cwd=SUITES_DIR.parent, check=False)
         if completed.returncode == 5 and args.filter:
             print(f"{suite}: nothing matches -k {args.filter!r}; its results are kept as they were")
             continue
@@ -94,7 +95,7 @@ def _trim(raw_path: Path) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from . import report
+    from inferwire.bench import report
 
     written = report.write(args.out / "raw" / RAW_NAME, args.out)
     print(f"wrote {written}")
@@ -120,12 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", type=Path, default=Path("results"))
     rep.set_defaults(run=_report)
 
+    from inferwire.bench.loadgen import load_command
     from inferwire.transports import serve
 
-    from . import load
-
     serve.add_commands(commands)
-    load.add_commands(commands)
+    load_command.add_commands(commands)
 
     args = parser.parse_args(argv)
     return int(args.run(args))

@@ -15,12 +15,12 @@ so the two sides do the same work; only the HTTP stack differs. It runs under
 Response headers are the stacks' own defaults (``date``, ``server``, Starlette's
 ``; charset=utf-8`` on ``text/*``): what a user of them sends.
 
-    python -m inferwire.bench.peers --server uvicorn --codec orjson --port 0
-    python -m inferwire.bench.peers --server hypercorn --codec orjson --port 0 --http2
+    python -m inferwire.bench.procs.peer_servers --server uvicorn --codec orjson --port 0
+    python -m inferwire.bench.procs.peer_servers --server hypercorn --codec orjson --port 0 --http2
 
 print ``listening on HOST:PORT`` first, like ``inferwire serve``, and stop on SIGTERM or SIGINT.
-:func:`peer` is the :class:`~inferwire.bench.servers.ServerProcess` for one, and :func:`rows`
-reads the results of ``bench/bench_peers.py`` back for the report.
+:func:`peer` is the :class:`~inferwire.bench.procs.server_process.ServerProcess` for one,
+and :func:`rows` reads the results of ``bench/bench_peers.py`` back for the report.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import inferwire.transports as it
 from inferwire.transports.common import error_body
 from inferwire.workloads import token_stream_source
 
-from . import servers
+from . import server_process
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -183,7 +183,7 @@ async def _serve_hypercorn(app: Starlette, sock: socket.socket) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m inferwire.bench.peers", description=__doc__.splitlines()[0]
+        prog="python -m inferwire.bench.procs.peer_servers", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--server", required=True, choices=PEERS)
     parser.add_argument("--codec", default="orjson", choices=ic.names())
@@ -210,15 +210,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def peer(server: str, codec: str = "orjson", *options: str) -> servers.ServerProcess:
-    """A peer server (not started; use ``with``), as ``servers.serve`` is one of ours."""
+def peer(server: str, codec: str = "orjson", *options: str) -> server_process.ServerProcess:
+    """A peer server (not started; use ``with``), as ``server_process.serve`` is one of ours."""
     if server not in PEERS:
         raise ValueError(f"unknown peer {server!r}; choose from {', '.join(PEERS)}")
-    process = servers.ServerProcess()
+    process = server_process.ServerProcess()
     process.args = [
         sys.executable,
         "-m",
-        "inferwire.bench.peers",
+        "inferwire.bench.procs.peer_servers",
         "--server",
         server,
         "--codec",

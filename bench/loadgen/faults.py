@@ -36,10 +36,11 @@ from typing import Any, Final
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire.bench.procs import server_process
+from inferwire.bench.tables import table
 from inferwire.transports.proxy import DelayProxy
 
-from . import metrics, openloop, servers
-from .tables import table
+from . import metrics, openloop
 
 RAW_NAME: Final = "faults.json"
 SCENARIOS: Final = ("kill-restart", "drop", "stall")
@@ -115,8 +116,8 @@ def _server_options() -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def _server(transport: str, codec: str) -> Iterator[servers.ServerProcess]:
-    server = servers.serve(transport, codec, *_server_options())
+def _server(transport: str, codec: str) -> Iterator[server_process.ServerProcess]:
+    server = server_process.serve(transport, codec, *_server_options())
     try:
         yield server.start()
     finally:
@@ -131,14 +132,18 @@ def _target(transport: str, address: str, codec: str) -> openloop.Target:
 
 
 async def _kill_restart(
-    server: servers.ServerProcess, transport: str, codec: str, watched: WatchedTarget, fault: Fault
-) -> servers.ServerProcess:
+    server: server_process.ServerProcess,
+    transport: str,
+    codec: str,
+    watched: WatchedTarget,
+    fault: Fault,
+) -> server_process.ServerProcess:
     """Kill ``server`` at the fault time, start another on its port; returns the new one."""
     await asyncio.sleep(FAULT_AT_S)
     fault.started_s = time.monotonic() - watched.clock_start
     await asyncio.to_thread(server.kill)
     await asyncio.sleep(DOWN_S)
-    again = servers.serve(transport, codec, "--port", str(server.port), *_server_options())
+    again = server_process.serve(transport, codec, "--port", str(server.port), *_server_options())
     await asyncio.to_thread(again.start)
     fault.ended_s = time.monotonic() - watched.clock_start
     return again
@@ -154,7 +159,9 @@ async def _drop(proxy: DelayProxy, watched: WatchedTarget, fault: Fault) -> None
         fault.ended_s = time.monotonic() - watched.clock_start
 
 
-async def _stall(server: servers.ServerProcess, watched: WatchedTarget, fault: Fault) -> None:
+async def _stall(
+    server: server_process.ServerProcess, watched: WatchedTarget, fault: Fault
+) -> None:
     assert server.process is not None
     pid = server.process.pid
     await asyncio.sleep(FAULT_AT_S)
@@ -168,7 +175,11 @@ async def _stall(server: servers.ServerProcess, watched: WatchedTarget, fault: F
 
 
 async def _drive(
-    scenario: str, transport: str, codec: str, server: servers.ServerProcess, duration_s: float
+    scenario: str,
+    transport: str,
+    codec: str,
+    server: server_process.ServerProcess,
+    duration_s: float,
 ) -> tuple[dict[str, Any], WatchedTarget, Fault]:
     spec = openloop.LoadSpec(
         workload=WORKLOAD, duration_s=duration_s, seed=11, drain_timeout_s=DRAIN_TIMEOUT_S
@@ -183,7 +194,7 @@ async def _drive(
         host, port = await proxy.start()
         address = f"{host}:{port}"
     watched = WatchedTarget(_target(transport, address, codec), expected)
-    replacement: servers.ServerProcess | None = None
+    replacement: server_process.ServerProcess | None = None
     try:
         await openloop.warm_up(watched.target, spec.request(), 4)
         watched.clock_start = time.monotonic()
@@ -202,7 +213,7 @@ async def _drive(
             point = await openloop.run_point(watched, spec, rate_rps=RATE_RPS, expected=expected)
         finally:
             result = await asyncio.gather(injecting, return_exceptions=True)
-        if isinstance(result[0], servers.ServerProcess):
+        if isinstance(result[0], server_process.ServerProcess):
             replacement = result[0]
         elif isinstance(result[0], BaseException):
             raise result[0]
@@ -417,7 +428,7 @@ def section(raw_dir: Path) -> str:
         ]
     if hostile_rows:
         try:
-            hostile = importlib.import_module("inferwire.bench.hostile")
+            hostile = importlib.import_module("inferwire.bench.loadgen.bad_inputs")
         except ImportError:
             hostile = None
         if hostile is not None:

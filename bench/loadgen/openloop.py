@@ -1,6 +1,7 @@
-"""The open-loop engine behind ``inferwire load`` (see :mod:`inferwire.bench.load` for what it
-measures and how each metric is defined): the seeded arrival schedule, the clients it sends
-to, and the scheduler that starts each request at its intended time.
+"""The open-loop engine behind ``inferwire load`` (see
+:mod:`inferwire.bench.loadgen.load_command` for what it measures and how each metric is
+defined): the seeded arrival schedule, the clients it sends to, and the scheduler that starts
+each request at its intended time.
 
 Every stream is checked as it arrives (:class:`~inferwire.codecs.integrity.StreamVerifier`):
 in order, none lost or repeated, up to an end marker whose token count matches, and, when the
