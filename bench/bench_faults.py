@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import pytest
 
-from inferwire.bench.loadgen import bad_inputs, faults, metrics
+from inferwire.bench.loadgen import bad_inputs, fault_plan, faults, metrics
 
 DISABLED_DURATION_S: Final = 3.5
 DISABLED_PLAN: Final = ("kill-restart", "tcp")
@@ -25,13 +25,13 @@ DISABLED_HOSTILE_PER_CODEC: Final = 20
 
 
 @pytest.mark.parametrize(
-    ("scenario", "transport"), faults.plan(), ids=[f"{s}-{t}" for s, t in faults.plan()]
+    ("scenario", "transport"), fault_plan.plan(), ids=[f"{s}-{t}" for s, t in fault_plan.plan()]
 )
 def bench_fault(benchmark: Any, scenario: str, transport: str) -> None:
     if benchmark.disabled and (scenario, transport) != DISABLED_PLAN:
         pytest.skip("untimed run: one scenario checks the benchmark's body")
     benchmark.group = "faults under load"
-    duration_s = DISABLED_DURATION_S if benchmark.disabled else faults.DURATION_S
+    duration_s = DISABLED_DURATION_S if benchmark.disabled else fault_plan.DURATION_S
     row = benchmark.pedantic(
         faults.run_scenario,
         args=(scenario, transport),

@@ -56,6 +56,7 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench.procs import peer_servers, server_process
+from inferwire.bench.report.peers import GROUP as PEERS_GROUP
 from inferwire.workloads import token_stream_source
 
 CODEC: Final = "orjson"
@@ -287,7 +288,7 @@ def bench_peer(benchmark: Any, env: _Env, name: str) -> None:
     """``STREAMS`` ``stream-256`` streams, ``CONCURRENCY`` at a time, per round; for a peer,
     then ``PAIRS`` alternating pairs of rounds with its inferwire counterpart."""
     server = SERVERS[name]
-    benchmark.group = peer_servers.GROUP
+    benchmark.group = PEERS_GROUP
     disabled = benchmark.disabled
     streams, concurrency, rounds = (2, 2, 1) if disabled else (STREAMS, CONCURRENCY, ROUNDS)
     load_average_1m = os.getloadavg()[0]  # this machine may be shared: say how busy it was

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inferwire.codecs as ic
 from inferwire.bench.loadgen import bad_inputs
+from inferwire.bench.report import bad_inputs as bad_inputs_report
 from inferwire.workloads.hostile import KINDS
 
 
@@ -18,6 +19,6 @@ def test_the_hostile_inputs_report_finds_no_escape() -> None:
         assert row["other"] == 0, row
         if row["kind"] in ("too-deep", "too-many", "fan-out"):  # each past a limit
             assert row["decode_error"] == row["tried"], row
-    table = bad_inputs.render(rows)
+    table = bad_inputs_report.render(rows)
     assert table.startswith("|")
     assert all(name in table for name in ic.names())

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 import inferwire.transports as it
-from inferwire.bench.loadgen import faults, load_command, metrics, openloop
+from inferwire.bench.loadgen import fault_plan, faults, load_command, metrics, openloop
 from inferwire.bench.procs import server_process
+from inferwire.bench.report import faults as report_faults
 
 TIMEOUT_S = 120.0
 """Outer bound on one scenario (each runs about 6 s): a bound that fires is a hang."""
@@ -32,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
 
 def _run(scenario: str, transport: str) -> dict[str, Any]:
     row = faults.run_scenario(scenario, transport)
-    print(faults.render([row]))
+    print(report_faults.render([row]))
     print(row["error_examples"])
     return row
 
@@ -78,7 +79,7 @@ def test_a_stalled_server_times_requests_out(transport: str) -> None:
     row = _run("stall", transport)
     _check(row)
     # the requests due during the stop waited for it: all timed out, none passed as done
-    assert row["errors"]["TransportTimeoutError"] >= faults.RATE_RPS * faults.TIMEOUT_S / 2
+    assert row["errors"]["TransportTimeoutError"] >= fault_plan.RATE_RPS * fault_plan.TIMEOUT_S / 2
 
 
 def test_a_healthy_run_has_nothing_to_report() -> None:

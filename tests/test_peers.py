@@ -16,6 +16,7 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench.procs import peer_servers, server_process
+from inferwire.bench.report import peers as peers_report
 from inferwire.workloads import token_stream_source
 
 CODEC = "orjson"
@@ -177,7 +178,7 @@ def test_rows_read_the_peers_benchmarks(tmp_path: Path) -> None:
             "correct": True,
             **extra,
         }
-        return {"group": peer_servers.GROUP, "extra_info": info}
+        return {"group": peers_report.GROUP, "extra_info": info}
 
     raw = {
         "benchmarks": [
@@ -188,7 +189,7 @@ def test_rows_read_the_peers_benchmarks(tmp_path: Path) -> None:
     }
     path = tmp_path / "peers.json"
     path.write_text(json.dumps(raw))
-    table = peer_servers.rows(path)
+    table = peers_report.rows(path)
     assert [r.server for r in table] == ["inferwire-http1", "uvicorn"]
     assert table[0].baseline is None
     assert table[1].baseline == "inferwire-http1"

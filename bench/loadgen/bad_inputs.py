@@ -17,7 +17,7 @@ from typing import Any
 
 import inferwire.codecs as ic
 from inferwire.workloads import hostile
-from inferwire.workloads.hostile import KINDS, Input
+from inferwire.workloads.hostile import Input
 
 
 @dataclasses.dataclass(slots=True)
@@ -81,30 +81,3 @@ def codec_inputs_report(seed: int = 0, per_codec: int = 2000) -> list[dict[str, 
                 }
             )
     return rows
-
-
-def render(rows: list[dict[str, Any]]) -> str:
-    """A markdown table: one line per codec and kind, summed over the workloads."""
-    totals: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in rows:
-        key = (row["codec"], row["kind"])
-        total = totals.setdefault(
-            key, {"tried": 0, "decoded": 0, "decode_error": 0, "other": 0, "max_ms": 0.0}
-        )
-        for field in ("tried", "decoded", "decode_error", "other"):
-            total[field] += row[field]
-        total["max_ms"] = max(total["max_ms"], row["max_ms"])
-    order = {kind: i for i, kind in enumerate(KINDS)}
-    codecs = {name: i for i, name in enumerate(dict.fromkeys(row["codec"] for row in rows))}
-    lines = [
-        "| codec | input | tried | decoded | DecodeError | other | slowest decode |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for (codec, kind), total in sorted(
-        totals.items(), key=lambda item: (codecs[item[0][0]], order.get(item[0][1], len(order)))
-    ):
-        lines.append(
-            f"| {codec} | {kind} | {total['tried']:,} | {total['decoded']:,} "
-            f"| {total['decode_error']:,} | {total['other']:,} | {total['max_ms']:.2f} ms |"
-        )
-    return "\n".join(lines) + "\n"

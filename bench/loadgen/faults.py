@@ -1,19 +1,7 @@
 """Faults under load: the open-loop generator runs against a real server process while the
-server is killed and restarted, its connections are dropped, or it is stalled; every request
-must end up either a verified, whole stream or an error, never a short stream taken for a
-whole one, and never counted twice.
-
-Scenarios (each a few seconds at a modest rate, ``stream-16`` paced at 5 ms a token, so a few
-streams are in flight at any time):
-
-- ``kill-restart``: SIGKILL the server mid-run, start a new one on the same port a moment
-  later. Requests in flight and those sent while it is down fail; the clients reconnect to
-  the new server and later requests succeed.
-- ``drop``: the generator reaches the server through a :class:`~inferwire.transports.proxy.
-  DelayProxy` (no delay) that aborts every open connection, twice a second apart, as a
-  middlebox or a network failure would. The streams cut are errors; the clients reconnect.
-- ``stall``: SIGSTOP the server for longer than the client's timeout, then SIGCONT. Requests
-  waiting on it time out (errors); the run finishes; later requests succeed.
+server is killed and restarted, its connections are dropped, or it is stalled (the scenarios
+of :mod:`inferwire.bench.loadgen.fault_plan`); every request must end up either a verified,
+whole stream or an error, never a short stream taken for a whole one, and never counted twice.
 
 Each run's requests are also watched from outside the generator (:class:`WatchedTarget`):
 every stream the transport delivered to its end is compared whole with the chunks sent, so a
@@ -24,44 +12,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import json
 import os
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench.procs import server_process
-from inferwire.bench.tables import table
 from inferwire.transports.proxy import DelayProxy
 
 from . import metrics, openloop
-
-RAW_NAME: Final = "faults.json"
-SCENARIOS: Final = ("kill-restart", "drop", "stall")
-WORKLOAD: Final = "stream-16"
-DECODE_MS: Final = 5.0
-RATE_RPS: Final = 40.0
-DURATION_S: Final = 5.0
-FAULT_AT_S: Final = 1.0
-"""When the fault starts, after the run's first request."""
-DROPS: Final = 2
-DROP_EVERY_S: Final = 1.0
-DOWN_S: Final = 0.3
-"""kill-restart: how long the port stays closed before the new server starts."""
-TIMEOUT_S: Final = 1.0
-"""The clients' timeout (connect, each wait for the server; gRPC: each call's deadline)."""
-STALL_S: Final = 2.0
-"""stall: how long the server stays stopped, well past the clients' timeout."""
-GRACE_S: Final = 1.5
-"""After the fault ends: time for the clients to reconnect before every request must succeed
-(gRPC's channel retries a lost connection after a backoff of up to a second)."""
-DRAIN_TIMEOUT_S: Final = 30.0
+from .fault_plan import (
+    DECODE_MS,
+    DOWN_S,
+    DRAIN_TIMEOUT_S,
+    DROP_EVERY_S,
+    DROPS,
+    DURATION_S,
+    FAULT_AT_S,
+    GRACE_S,
+    RATE_RPS,
+    SCENARIOS,
+    STALL_S,
+    TIMEOUT_S,
+    WORKLOAD,
+    plan,
+)
 
 
 @dataclass
@@ -291,155 +270,11 @@ def row(
     }
 
 
-def plan(transports: Sequence[str] = it.TRANSPORTS) -> list[tuple[str, str]]:
-    """Every scenario on every transport."""
-    return [(scenario, transport) for scenario in SCENARIOS for transport in transports]
-
-
 def fault_report(
     transports: Sequence[str] = it.TRANSPORTS, *, duration_s: float = DURATION_S
 ) -> list[dict[str, Any]]:
-    """Run every scenario on every transport: the rows of :func:`render`."""
+    """Run every scenario on every transport: the rows of the report's faults table."""
     return [
         run_scenario(scenario, transport, duration_s=duration_s)
         for scenario, transport in plan(transports)
     ]
-
-
-def _errors(errors: dict[str, int]) -> str:
-    if not errors:
-        return "none"
-    return ", ".join(f"{n} {name.rsplit('.', 1)[-1]}" for name, n in sorted(errors.items()))
-
-
-def render(rows: Sequence[dict[str, Any]]) -> str:
-    """The rows as a markdown table."""
-    header = [
-        "fault",
-        "transport",
-        "scheduled",
-        "completed",
-        "errors",
-        "verified",
-        "lost / dup / reord / trunc / altered",
-        "ok after recovery",
-        "all accounted for",
-    ]
-    body = []
-    for r in rows:
-        integrity = r["integrity"]
-        counts = " / ".join(str(integrity[kind]) for kind, _ in metrics.INTEGRITY_KINDS)
-        cells = [
-            r["scenario"],
-            f"`{r['transport']}`",
-            str(r["scheduled"]),
-            str(r["completed"]),
-            _errors(r["errors"]),
-            str(integrity["verified"]),
-            counts,
-            f"{r['after_recovery_ok']}/{r['after_recovery']}",
-            "yes" if r["accounted"] else "**no**",
-        ]
-        body.append(cells)
-    return table(header, body, left=(0, 1, 4))
-
-
-def _summary(rows: Sequence[dict[str, Any]]) -> str:
-    """What the rows show, in a sentence or two computed from them."""
-    total = {
-        key: sum(int(r[key]) for r in rows)
-        for key in ("scheduled", "completed", "failed", "after_recovery", "after_recovery_ok")
-    }
-    verified = sum(int(r["integrity"]["verified"]) for r in rows)
-    cut = sum(int(r["integrity"]["truncated"]) for r in rows)
-    unnoticed = sum(
-        r["integrity"][kind] for r in rows for kind in ("lost", "duplicated", "reordered")
-    )
-    altered = sum(int(r["integrity"]["altered"]) for r in rows)
-    accounted = all(r["accounted"] for r in rows) and verified == total["completed"]
-    passed_short = sum(int(r["ended_not_whole"]) for r in rows)
-    recovered = total["after_recovery_ok"] == total["after_recovery"]
-    return (
-        f"Over {len(rows)} runs, {total['scheduled']:,} requests were scheduled: "
-        f"{total['completed']:,} succeeded and {total['failed']:,} failed, "
-        + ("each counted once. " if accounted else "**not each counted once**. ")
-        + f"Every success was verified chunk by chunk against the chunks sent ({verified:,} "
-        f"streams): {unnoticed} lost, duplicated or reordered, {altered} altered. The "
-        f"{cut} streams cut short by a fault were errors, never successes, and "
-        + (
-            "no transport ended a short stream as a whole one. "
-            if passed_short == 0
-            else f"**{passed_short} short streams ended as whole ones** (caught by the "
-            "generator's verification). "
-        )
-        + f"Once the server was back, {total['after_recovery_ok']:,} of the "
-        f"{total['after_recovery']:,} requests sent after a grace of {GRACE_S:g} s succeeded"
-        + ("." if recovered else ": **the clients did not all reconnect**.")
-    )
-
-
-def _machine(info: dict[str, Any]) -> str:
-    machine = info.get("machine")
-    if not machine:
-        return ""
-    return (
-        f" Machine: {machine['cpus']} logical cores, load average "
-        f"{machine['load_average'][0]:.1f} when the first run began."
-    )
-
-
-def _infos(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [bench["extra_info"] for bench in json.loads(path.read_text())["benchmarks"]]
-
-
-def section(raw_dir: Path) -> str:
-    """The report's "Bad input and faults" section from ``raw/faults.json`` ("" if absent)."""
-    infos = _infos(raw_dir / RAW_NAME)
-    rows = [i for i in infos if i.get("op") == "fault"]
-    hostile_rows = [r for i in infos if i.get("op") == "hostile-inputs" for r in i["rows"]]
-    if not rows and not hostile_rows:
-        return ""
-    out = ["## Bad input and faults", ""]
-    if rows:
-        first = rows[0]
-        out += [
-            "### Faults under load",
-            "",
-            f"The open-loop generator sends `{first['workload']}` streams (paced at "
-            f"{DECODE_MS:g} ms a token) at {first['rate_rps']:g} requests/s for "
-            f"{first['duration_s']:g} s to a server in its own process; after "
-            f"{FAULT_AT_S:g} s, a fault: *kill-restart* kills the server (SIGKILL) and starts a "
-            f"new one on the same port {DOWN_S:g} s later; *drop* aborts every connection "
-            f"({DROPS} times, {DROP_EVERY_S:g} s apart) in a proxy between them; *stall* "
-            f"stops the server (SIGSTOP) for {STALL_S:g} s, past the clients' "
-            f"{first['timeout_s']:g} s timeout (gRPC: a deadline per call). Every stream is "
-            "verified as it arrives (sequence numbers, an end marker whose token count "
-            "matches, each chunk against the one sent); *verified* are the successes, and "
-            "the integrity counts are failed requests by kind (*trunc*: cut before its end "
-            "marker, reported by the transport). *ok after recovery*: requests sent from "
-            f"{GRACE_S:g} s after the fault ended that succeeded.{_machine(first)}",
-            "",
-            render(rows),
-            "",
-            _summary(rows),
-            "",
-        ]
-    if hostile_rows:
-        try:
-            hostile = importlib.import_module("inferwire.bench.loadgen.bad_inputs")
-        except ImportError:
-            hostile = None
-        if hostile is not None:
-            out += [
-                "### Bad input",
-                "",
-                str(hostile.__doc__).split("\n\n")[0].replace("\n", " "),
-                "Seeded prefixes, corruptions and lying length headers, fed to each codec; "
-                "*other* counts exceptions that escaped the codec (expected 0), and the "
-                "slowest decode bounds what one bad input costs.",
-                "",
-            ]
-            out += [hostile.render(hostile_rows).rstrip("\n"), ""]
-    return "\n".join(out)

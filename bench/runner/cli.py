@@ -15,24 +15,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+from inferwire.bench.report import results
+
 SUITES_DIR = Path(__file__).resolve().parents[1]
 """bench/, where the suites are."""
-RAW_NAME = "codecs.json"
-
-
 SUITES = (
-    ("bench_codecs.py", RAW_NAME),
-    ("bench_transports.py", "transports.json"),
-    ("bench_connections.py", "connections.json"),
-    ("bench_stages.py", "stages.json"),
-    ("bench_load.py", "load.json"),
-    ("bench_peers.py", "peers.json"),
-    ("bench_faults.py", "faults.json"),
+    ("bench_codecs.py", results.CODECS_RAW),
+    ("bench_transports.py", results.TRANSPORTS_RAW),
+    ("bench_connections.py", results.CONNECTIONS_RAW),
+    ("bench_stages.py", results.STAGES_RAW),
+    ("bench_load.py", results.LOAD_RAW),
+    ("bench_peers.py", results.PEERS_RAW),
+    ("bench_faults.py", results.FAULTS_RAW),
 )
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from inferwire.bench import report
+    from inferwire.bench.report import readme
 
     out: Path = args.out
     raw = out / "raw"
@@ -80,7 +79,7 @@ def _bench(args: argparse.Namespace) -> int:
             return completed.returncode
         _trim(partial)
         partial.replace(raw_path)
-    written = report.write(raw / RAW_NAME, out)
+    written = readme.write(raw / results.CODECS_RAW, out)
     print(f"wrote {written}")
     return 0
 
@@ -95,9 +94,9 @@ def _trim(raw_path: Path) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from inferwire.bench import report
+    from inferwire.bench.report import readme
 
-    written = report.write(args.out / "raw" / RAW_NAME, args.out)
+    written = readme.write(args.out / "raw" / results.CODECS_RAW, args.out)
     print(f"wrote {written}")
     return 0
 

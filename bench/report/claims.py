@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import more_report
-from .report import Result
+from .results import CONNECTIONS_RAW, STAGES_RAW, Result, records
 
 C1_WORKLOADS = ("stream-256-top5", "embed-32x1024", "image-fp32")
 
@@ -115,9 +114,7 @@ def _c3(by_key: dict[tuple[str, str, str], Result]) -> list[str]:
 
 
 def _c4_c9_c10(raw_dir: Path) -> dict[str, list[str]]:
-    results = [
-        r for r in more_report._load(raw_dir / more_report.STAGES_RAW) if r["op"] == "stages"
-    ]
+    results = [r for r in records(raw_dir / STAGES_RAW) if r["op"] == "stages"]
     if not results:
         return {c: ["not in this run", "-", "-"] for c in ("C4", "C9", "C10")}
     decode_us = results[0]["decode_ms"] * 1e3
@@ -158,7 +155,7 @@ def _c4_c9_c10(raw_dir: Path) -> dict[str, list[str]]:
 
 
 def _c5_c6(raw_dir: Path) -> dict[str, list[str]]:
-    results = more_report._load(raw_dir / more_report.CONNECTIONS_RAW)
+    results = records(raw_dir / CONNECTIONS_RAW)
     out = {"C5": ["not in this run", "-", "-"], "C6": ["not in this run", "-", "-"]}
     sessions = {(r["transport"], r["mode"]): r for r in results if r["op"] == "session-connections"}
     if sessions:
@@ -212,9 +209,7 @@ def _c5_c6(raw_dir: Path) -> dict[str, list[str]]:
 
 
 def _c7(raw_dir: Path) -> list[str]:
-    results = [
-        r for r in more_report._load(raw_dir / more_report.STAGES_RAW) if r["op"] == "wan-share"
-    ]
+    results = [r for r in records(raw_dir / STAGES_RAW) if r["op"] == "wan-share"]
     by = {(r["transport"], r["path"], r["pattern"]): r for r in results}
     shares: dict[str, list[float]] = {"stream": [], "request-per-token": []}
     for (transport, path, pattern), proxied in by.items():
@@ -284,7 +279,7 @@ def section(codec_results: list[Result], raw_dir: Path) -> str:
         "## Published claims",
         "",
         "Each figure of `CLAIMS.md` beside what this run measured on this machine. Verdicts "
-        "are computed from the figures of the run by fixed rules in `bench/claims.py`.",
+        "are computed from the figures of the run by fixed rules in `bench/report/claims.py`.",
         "",
         "| " + " | ".join(header) + " |",
         "| --- | --- | --- | --- |",
