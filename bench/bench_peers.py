@@ -18,8 +18,8 @@ Method:
   is compared here;
 * tokens per second is tokens over the rounds' wall time; tokens per server CPU-second divides
   by the server process's user + system CPU time over the same rounds (psutil), which is the
-  issue's "tokens per second per core" and does not depend on whether the client could keep
-  the server busy (``server_cpu_utilization`` says whether it did);
+  peers target's "tokens per second per core" and does not depend on whether the client could
+  keep the server busy (``server_cpu_utilization`` says whether it did);
 * per-token latency is the gap between successive chunks of a stream at the client (one token
   per chunk in this workload), P50 and P99 over every gap of every stream. With no pacing the
   server is ahead of the wire: chunks decoded from one read arrive together, microseconds

@@ -1,4 +1,4 @@
-"""Every codec x every workload against hostile bytes (issue 6): decode or ``DecodeError``.
+"""Every codec x every workload against hostile bytes: decode or ``DecodeError``.
 
 What test_codecs.py checks on small hand-made messages (every strict prefix, single-byte
 flips), this file checks on the encodings of every workload each codec carries, unary and
