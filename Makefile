@@ -23,9 +23,9 @@ venv: $(STAMP)
 
 # The type checker resolves `inferwire.*` through this link tree: the folders are mapped under
 # the namespace by setuptools' import hook, which mypy does not run.
-.typecheck/inferwire: | $(STAMP)
+.typecheck/inferwire: Makefile | $(STAMP)
 	mkdir -p .typecheck/inferwire
-	for d in codecs schemas transports bench; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
+	for d in codecs schemas workloads transports bench; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
 	ln -sfn ../tests .typecheck/tests
 
 lint: $(STAMP)
@@ -36,7 +36,8 @@ lint: $(STAMP)
 # codecs/ folder for the standard library's codecs module and misread numpy's stubs.
 typecheck: $(STAMP) .typecheck/inferwire
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml \
-		-p inferwire.codecs -p inferwire.schemas -p inferwire.transports -p inferwire.bench
+		-p inferwire.codecs -p inferwire.schemas -p inferwire.workloads -p inferwire.transports \
+		-p inferwire.bench
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml tests
 
 unit: $(STAMP)

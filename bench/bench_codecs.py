@@ -6,8 +6,8 @@ client do per response. Other workloads are one unary message. ``extra_info`` re
 size and whether the result equals the original; a wrong result fails the benchmark.
 
 Beside the matrix, the wrapper group times each codec against the same work done directly and
-against its library call alone (see :mod:`inferwire.bench.baselines`), and the targets group
-holds the baselines the issue's targets are ratios against (a plain memcpy).
+against its library call alone (see :mod:`inferwire.bench.measure.baselines`), and the targets
+group holds the baselines the report's targets are ratios against (a plain memcpy).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import inferwire.codecs as ic
-from inferwire.bench import workloads
-from inferwire.bench.baselines import BASELINES, read_all
-from inferwire.bench.measure import paired_ratio
+from inferwire import workloads
+from inferwire.bench.measure.baselines import BASELINES, read_all
+from inferwire.bench.measure.paired import paired_ratio
 from inferwire.codecs import delta_codec
 
 MATRIX = [

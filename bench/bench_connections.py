@@ -19,8 +19,8 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench import servers
-from inferwire.bench.serving import workload_source
+from inferwire.bench.procs import server_process
+from inferwire.workloads import token_stream_source
 
 CODEC = "protobuf"
 SETUP_TRANSPORTS = ("http1", "http2", "grpc")
@@ -37,21 +37,21 @@ REQUEST = ic.InferRequest(
 class _Env:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.servers: dict[tuple[str, bool], servers.ServerProcess] = {}
-        self.proxies: dict[tuple[str, bool], servers.ServerProcess] = {}
-        self.expected = it.SimulatedService(workload_source).infer(REQUEST)
+        self.servers: dict[tuple[str, bool], server_process.ServerProcess] = {}
+        self.proxies: dict[tuple[str, bool], server_process.ServerProcess] = {}
+        self.expected = it.SimulatedService(token_stream_source).infer(REQUEST)
 
     def address(self, transport: str, tls: bool, delay_ms: int) -> tuple[str, it.ClientTls | None]:
         key = (transport, tls)
         if key not in self.servers:
             options = ("--tls",) if tls else ()
-            self.servers[key] = servers.serve(transport, CODEC, *options).start()
+            self.servers[key] = server_process.serve(transport, CODEC, *options).start()
         server = self.servers[key]
         client_tls = it.ClientTls(server.ca_pem) if server.ca_pem else None
         if not delay_ms:
             return server.address, client_tls
         if key not in self.proxies:
-            self.proxies[key] = servers.proxy(server.address, delay_ms).start()
+            self.proxies[key] = server_process.proxy(server.address, delay_ms).start()
         return self.proxies[key].address, client_tls
 
     def close(self) -> None:

@@ -1,8 +1,9 @@
-"""Bad input and faults, for the report: every fault scenario of :mod:`inferwire.bench.faults`
-on every transport (the generator at 40 requests/s against a server that is killed and
-restarted, whose connections are dropped, or that is stopped past the clients' timeout), and
-the bad-input table of :mod:`inferwire.bench.hostile`. The timed value is a run's wall time,
-fixed by its schedule: the figures are in ``extra_info``.
+"""Bad input and faults, for the report: every fault scenario of
+:mod:`inferwire.bench.loadgen.faults` on every transport (the generator at 40 requests/s
+against a server that is killed and restarted, whose connections are dropped, or that is
+stopped past the clients' timeout), and the bad-input table of
+:mod:`inferwire.bench.loadgen.bad_inputs`. The timed value is a run's wall time, fixed by its
+schedule: the figures are in ``extra_info``.
 
 A run fails if a request is not accounted for (counted twice, or neither a success nor an
 error), or if any stream was lost, repeated, reordered or altered. Under ``--benchmark-disable``
@@ -11,12 +12,11 @@ one short scenario runs (kill-restart on tcp) and the bad-input table is fed a f
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Final
 
 import pytest
 
-from inferwire.bench import faults, metrics
+from inferwire.bench.loadgen import bad_inputs, fault_plan, faults, metrics
 
 DISABLED_DURATION_S: Final = 3.5
 DISABLED_PLAN: Final = ("kill-restart", "tcp")
@@ -25,13 +25,13 @@ DISABLED_HOSTILE_PER_CODEC: Final = 20
 
 
 @pytest.mark.parametrize(
-    ("scenario", "transport"), faults.plan(), ids=[f"{s}-{t}" for s, t in faults.plan()]
+    ("scenario", "transport"), fault_plan.plan(), ids=[f"{s}-{t}" for s, t in fault_plan.plan()]
 )
 def bench_fault(benchmark: Any, scenario: str, transport: str) -> None:
     if benchmark.disabled and (scenario, transport) != DISABLED_PLAN:
         pytest.skip("untimed run: one scenario checks the benchmark's body")
     benchmark.group = "faults under load"
-    duration_s = DISABLED_DURATION_S if benchmark.disabled else faults.DURATION_S
+    duration_s = DISABLED_DURATION_S if benchmark.disabled else fault_plan.DURATION_S
     row = benchmark.pedantic(
         faults.run_scenario,
         args=(scenario, transport),
@@ -58,13 +58,9 @@ def bench_fault(benchmark: Any, scenario: str, transport: str) -> None:
 
 
 def bench_hostile_inputs(benchmark: Any) -> None:
-    try:
-        hostile = importlib.import_module("inferwire.bench.hostile")
-    except ImportError:
-        pytest.skip("inferwire.bench.hostile is not there")
     benchmark.group = "bad input"
     per_codec = DISABLED_HOSTILE_PER_CODEC if benchmark.disabled else HOSTILE_PER_CODEC
     rows = benchmark.pedantic(
-        hostile.codec_inputs_report, kwargs={"per_codec": per_codec}, rounds=1, iterations=1
+        bad_inputs.codec_inputs_report, kwargs={"per_codec": per_codec}, rounds=1, iterations=1
     )
     benchmark.extra_info.update(op="hostile-inputs", per_codec=per_codec, rows=rows)

@@ -21,7 +21,8 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench import metrics, openloop, servers
+from inferwire.bench.loadgen import metrics, openloop
+from inferwire.bench.procs import server_process
 
 CAPACITY_RATES: Final = (5_000.0, 10_000.0, 20_000.0)
 CAPACITY_S: Final = 3.0
@@ -109,7 +110,7 @@ def bench_load(benchmark: Any, transport: str) -> None:
     )
     benchmark.group = "load end to end"
     options = ("--prefill-ms", str(LOAD_PREFILL_MS), "--decode-ms", str(LOAD_DECODE_MS))
-    with servers.serve(transport, "orjson", *options) as server:
+    with server_process.serve(transport, "orjson", *options) as server:
         assert server.process is not None
         pid = server.process.pid
 

@@ -2,8 +2,8 @@
 
 Servers: inferwire ``http1`` and uvicorn + Starlette (HTTP/1.1, httptools), inferwire ``http2``
 and Hypercorn + Starlette (HTTP/2 cleartext, prior knowledge); the peers are
-:mod:`inferwire.bench.peers`, serving the same service with the same codec, so the bytes of
-every stream are the same. Our client (the same for both sides of a pair) drives each.
+:mod:`inferwire.bench.procs.peer_servers`, serving the same service with the same codec, so
+the bytes of every stream are the same. Our client (the same for both sides of a pair) drives each.
 
 Method:
 
@@ -18,8 +18,8 @@ Method:
   is compared here;
 * tokens per second is tokens over the rounds' wall time; tokens per server CPU-second divides
   by the server process's user + system CPU time over the same rounds (psutil), which is the
-  issue's "tokens per second per core" and does not depend on whether the client could keep
-  the server busy (``server_cpu_utilization`` says whether it did);
+  peers target's "tokens per second per core" and does not depend on whether the client could
+  keep the server busy (``server_cpu_utilization`` says whether it did);
 * per-token latency is the gap between successive chunks of a stream at the client (one token
   per chunk in this workload), P50 and P99 over every gap of every stream. With no pacing the
   server is ahead of the wire: chunks decoded from one read arrive together, microseconds
@@ -55,8 +55,9 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench import peers, servers
-from inferwire.bench.serving import workload_source
+from inferwire.bench.procs import peer_servers, server_process
+from inferwire.bench.report.peers import GROUP as PEERS_GROUP
+from inferwire.workloads import token_stream_source
 
 CODEC: Final = "orjson"
 WORKLOAD: Final = "stream-256"
@@ -75,20 +76,20 @@ class _Server:
     stack: str
     transport: str
     """Our client's transport for it: ``http1`` or ``http2``."""
-    start: Callable[[], servers.ServerProcess]
+    start: Callable[[], server_process.ServerProcess]
     baseline: str | None = None
 
 
 SERVERS: Final = {
-    "inferwire-http1": _Server("inferwire", "http1", lambda: servers.serve("http1", CODEC)),
+    "inferwire-http1": _Server("inferwire", "http1", lambda: server_process.serve("http1", CODEC)),
     "uvicorn": _Server(
-        "uvicorn+starlette", "http1", lambda: peers.peer("uvicorn", CODEC), "inferwire-http1"
+        "uvicorn+starlette", "http1", lambda: peer_servers.peer("uvicorn", CODEC), "inferwire-http1"
     ),
-    "inferwire-http2": _Server("inferwire", "http2", lambda: servers.serve("http2", CODEC)),
+    "inferwire-http2": _Server("inferwire", "http2", lambda: server_process.serve("http2", CODEC)),
     "hypercorn": _Server(
         "hypercorn+starlette",
         "http2",
-        lambda: peers.peer("hypercorn", CODEC, "--http2"),
+        lambda: peer_servers.peer("hypercorn", CODEC, "--http2"),
         "inferwire-http2",
     ),
 }
@@ -141,9 +142,9 @@ class _Env:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.processes: dict[str, servers.ServerProcess] = {}
+        self.processes: dict[str, server_process.ServerProcess] = {}
         self.request = it.GenerateRequest(workload=WORKLOAD)
-        self.expected = list(it.SimulatedService(workload_source).chunks(self.request))
+        self.expected = list(it.SimulatedService(token_stream_source).chunks(self.request))
         self.own_affinity = os.sched_getaffinity(0)
         cores = sorted(self.own_affinity)
         self.pinned = len(cores) >= 2
@@ -287,7 +288,7 @@ def bench_peer(benchmark: Any, env: _Env, name: str) -> None:
     """``STREAMS`` ``stream-256`` streams, ``CONCURRENCY`` at a time, per round; for a peer,
     then ``PAIRS`` alternating pairs of rounds with its inferwire counterpart."""
     server = SERVERS[name]
-    benchmark.group = peers.GROUP
+    benchmark.group = PEERS_GROUP
     disabled = benchmark.disabled
     streams, concurrency, rounds = (2, 2, 1) if disabled else (STREAMS, CONCURRENCY, ROUNDS)
     load_average_1m = os.getloadavg()[0]  # this machine may be shared: say how busy it was

@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 import inferwire.transports as it
-from inferwire.bench import servers
-from inferwire.bench.serving import workload_source
+from inferwire.bench.procs import server_process
+from inferwire.workloads import token_stream_source
 
 DECODE_MS = 1.0
 REQUEST_STAGES = (
@@ -50,22 +50,24 @@ WAN_TOKENS = 16
 class _Env:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.processes: dict[tuple[str, ...], servers.ServerProcess] = {}
+        self.processes: dict[tuple[str, ...], server_process.ServerProcess] = {}
 
     def server(
         self, transport: str, codec: str, decode_ms: float, prefill_ms: float = 0.0
-    ) -> servers.ServerProcess:
+    ) -> server_process.ServerProcess:
         key = (transport, codec, str(decode_ms), str(prefill_ms))
         if key not in self.processes:
-            self.processes[key] = servers.serve(
+            self.processes[key] = server_process.serve(
                 transport, codec, "--decode-ms", str(decode_ms), "--prefill-ms", str(prefill_ms)
             ).start()
         return self.processes[key]
 
-    def proxy(self, upstream: servers.ServerProcess, delay_ms: float) -> servers.ServerProcess:
+    def proxy(
+        self, upstream: server_process.ServerProcess, delay_ms: float
+    ) -> server_process.ServerProcess:
         key = ("proxy", upstream.address, str(delay_ms))
         if key not in self.processes:
-            self.processes[key] = servers.proxy(upstream.address, delay_ms).start()
+            self.processes[key] = server_process.proxy(upstream.address, delay_ms).start()
         return self.processes[key]
 
     def close(self) -> None:
@@ -88,7 +90,7 @@ def bench_stages(benchmark: Any, stage_env: _Env, transport: str, codec: str) ->
     server = stage_env.server(transport, codec, DECODE_MS)
     workload = "stream-16" if benchmark.disabled else STAGE_WORKLOAD
     request = it.GenerateRequest(workload=workload)
-    expected = list(it.SimulatedService(workload_source).chunks(request))
+    expected = list(it.SimulatedService(token_stream_source).chunks(request))
     timings: list[it.StreamTiming] = []
 
     async def timed() -> list[Any]:
@@ -134,7 +136,7 @@ def bench_wan_share(
     delay_ms = 1.0 if benchmark.disabled else WAN_DELAY_MS
     address = stage_env.proxy(server, delay_ms).address if path == "proxied" else server.address
     tokens = 2 if benchmark.disabled else WAN_TOKENS
-    service = it.SimulatedService(workload_source)
+    service = it.SimulatedService(token_stream_source)
     stream_request = it.GenerateRequest(workload="stream-16", max_tokens=tokens)
     token_requests = [
         it.GenerateRequest(workload="stream-16", seed=i, max_tokens=1) for i in range(tokens)

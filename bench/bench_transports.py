@@ -4,7 +4,7 @@ decode time zero), so what is timed is serialization and transport alone.
 
 Each benchmark also runs a paired comparison against the ``tcp`` floor with the same codec
 (``vs_tcp`` in ``extra_info``: the median of back-to-back pairs, see
-:func:`~inferwire.bench.measure.paired_ratio`), which is what the targets are stated in.
+:func:`~inferwire.bench.measure.paired.paired_ratio`), which is what the targets are stated in.
 Every response is checked against what the service produced; a wrong one fails the benchmark.
 """
 
@@ -19,9 +19,9 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench import servers
-from inferwire.bench.measure import paired_ratio
-from inferwire.bench.serving import workload_source
+from inferwire.bench.measure.paired import paired_ratio
+from inferwire.bench.procs import server_process
+from inferwire.workloads import token_stream_source
 
 PAIRS = 11
 STREAM_WORKLOAD = "stream-256"
@@ -50,15 +50,15 @@ class _Bench:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.servers: dict[tuple[str, str], servers.ServerProcess] = {}
+        self.servers: dict[tuple[str, str], server_process.ServerProcess] = {}
         self.clients: dict[tuple[str, str, str], it.Client] = {}
-        self.service = it.SimulatedService(workload_source)
+        self.service = it.SimulatedService(token_stream_source)
 
     def client(self, transport: str, codec: str, mode: str = "") -> it.Client:
         key = (transport, codec, mode)
         if key not in self.clients:
             if (transport, codec) not in self.servers:
-                self.servers[transport, codec] = servers.serve(transport, codec).start()
+                self.servers[transport, codec] = server_process.serve(transport, codec).start()
             server = self.servers[transport, codec]
             options: dict[str, Any] = (
                 {"new_connection_per_request": True} if mode == "new-connection" else {}
@@ -106,7 +106,7 @@ def _stream(client: it.Client) -> Callable[[], Coroutine[Any, Any, list[ic.Token
 
 
 def _unary_correct(responses: list[Any]) -> bool:
-    expected = it.SimulatedService(workload_source).infer(SMALL_REQUEST)
+    expected = it.SimulatedService(token_stream_source).infer(SMALL_REQUEST)
     return all(r == expected for r in responses)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.serving import workload_source
+from inferwire.workloads import token_stream_source
 
 STARTUP_TIMEOUT_S = 60.0
 """A child server imports numpy, grpc and the codecs before it prints its address."""
@@ -55,7 +55,7 @@ def task_census() -> Counter[str]:
 
 
 def expected_chunks(workload: str, seed: int = 0) -> list[ic.TokenChunk]:
-    return list(workload_source(workload, seed))
+    return list(token_stream_source(workload, seed))
 
 
 def infer_request(tensor_bytes: int = 64, model: str = "x") -> ic.InferRequest:
@@ -105,7 +105,7 @@ async def serving(
     limits: it.Limits | None = None,
 ) -> AsyncIterator[Running]:
     """A real server on a loopback socket in this event loop."""
-    service = it.SimulatedService(workload_source, prefill_s=prefill_s, decode_s=decode_s)
+    service = it.SimulatedService(token_stream_source, prefill_s=prefill_s, decode_s=decode_s)
     server = it.server_class(transport)(service, ic.get(codec), limits=limits or it.Limits())
     host, port = await server.start()
     try:
@@ -125,8 +125,8 @@ def server_process(
     transport: str, codec: str, extra_args: Sequence[str], log_path: Path
 ) -> Iterator[ServerProcess]:
     """``inferwire serve`` in a child process; killed (if still running) and reaped on exit."""
-    command = [sys.executable, "-m", "inferwire.bench.cli", "serve", "--transport", transport]
-    command += ["--codec", codec, *extra_args]
+    command = [sys.executable, "-m", "inferwire.transports.serve", "serve"]
+    command += ["--transport", transport, "--codec", codec, *extra_args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL

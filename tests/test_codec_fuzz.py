@@ -45,8 +45,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import inferwire.codecs as ic
-from inferwire.bench import hostile, workloads
+from inferwire import workloads
 from inferwire.codecs.delta_codec import DeltaCodec
+from inferwire.workloads import hostile
 from tests.test_codecs import as_model, check_well_formed, encode_stream
 
 CODECS: dict[str, ic.Codec] = {name: ic.get(name) for name in ic.names()}
@@ -532,21 +533,3 @@ def test_damaged_streams_decode_or_raise_decode_error(
     cuts = sorted(at % (len(bad) + 1) for at in splits)
     pieces = [bad[a:b] for a, b in zip([0, *cuts], [*cuts, len(bad)], strict=True)]
     feed_all(label, pieces, target_type(label, type(messages[0]), pick))
-
-
-# -- the report bench/hostile.py writes ------------------------------------------------------
-
-
-def test_the_hostile_inputs_report_finds_no_escape() -> None:
-    rows = hostile.codec_inputs_report(seed=1, per_codec=60)
-    assert {row["codec"] for row in rows} == set(ic.names())
-    assert {row["kind"] for row in rows} == set(hostile.KINDS)
-    for row in rows:
-        assert row["tried"] > 0, row
-        assert row["decoded"] + row["decode_error"] + row["other"] == row["tried"], row
-        assert row["other"] == 0, row
-        if row["kind"] in ("too-deep", "too-many", "fan-out"):  # each past a limit
-            assert row["decode_error"] == row["tried"], row
-    table = hostile.render(rows)
-    assert table.startswith("|")
-    assert all(name in table for name in ic.names())

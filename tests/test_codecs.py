@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import inferwire.codecs as ic
-from inferwire.bench import workloads
+from inferwire import workloads
 from inferwire.codecs.tensor_codec import ALIGNMENT, TensorCodec
 
 NAMES = ic.names()

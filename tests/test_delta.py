@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inferwire.codecs as ic
-from inferwire.bench import workloads
+from inferwire import workloads
 from inferwire.codecs import delta_codec
 from inferwire.codecs.delta_codec import DELTA_V1, DELTA_V2, DeltaCodec
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import inferwire.codecs as ic
-from inferwire.bench import workloads
+from inferwire import workloads
 from inferwire.codecs import delta_codec, delta_wire
 from inferwire.codecs.delta_codec import DELTA_V1, DeltaCodec
 

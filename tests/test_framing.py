@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inferwire.codecs as ic
-from inferwire.bench import workloads
+from inferwire import workloads
 from inferwire.codecs.delta_codec import DeltaCodec
 from inferwire.codecs.framing import LengthPrefixedEncoder
 

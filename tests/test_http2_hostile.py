@@ -1,4 +1,4 @@
-"""The HTTP/2 server against hostile peers: what h2 leaves to the application (issue 6).
+"""The HTTP/2 server against hostile peers: what h2 leaves to the application.
 
 Each test runs an :class:`~inferwire.transports.Http2Server` in this process on 127.0.0.1 and
 attacks it from a raw socket, building frames by hand (``hyperframe``) or with h2's client

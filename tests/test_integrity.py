@@ -13,11 +13,12 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench import load, metrics, openloop, workloads
-from inferwire.bench.serving import workload_source
+from inferwire import workloads
+from inferwire.bench.loadgen import load_command, metrics, openloop
 from inferwire.codecs.integrity import AlteredStreamError, StreamVerifier
+from inferwire.workloads import token_stream_source
 
-SERVICE = it.SimulatedService(workload_source)
+SERVICE = it.SimulatedService(token_stream_source)
 CHUNKS = list(SERVICE.chunks(it.GenerateRequest(workload="stream-16")))
 STREAMS = [w for w in workloads.names() if workloads.get(w).kind == "stream"]
 
@@ -192,13 +193,13 @@ def test_the_generator_counts_each_kind_of_broken_stream() -> None:
     }
     assert metrics.integrity_violations(point["integrity"]) == 3 * len(kinds)
     assert "integrity: 3 verified, 3 lost, 3 duplicated, 3 reordered, 3 truncated, 3 altered" in (
-        load.summary_line(point)
+        load_command.summary_line(point)
     )
     # without the expected chunks, an altered stream that is whole passes: sequence only
     point = _point(ScriptedTarget([CHUNKS, kinds["altered"]]))
     assert point["requests_completed"] == 6
     assert point["integrity"]["content_checked"] is False
-    assert "(sequence only)" in load.summary_line(point)
+    assert "(sequence only)" in load_command.summary_line(point)
 
 
 def test_a_healthy_run_reports_zero_violations() -> None:

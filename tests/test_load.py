@@ -18,10 +18,12 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench import cli, openloop, servers
-from inferwire.bench.metrics import Histogram, Recorder, Slo
-from inferwire.bench.serving import workload_source
+from inferwire.bench.loadgen import openloop
+from inferwire.bench.loadgen.metrics import Histogram, Recorder, Slo
+from inferwire.bench.procs import server_process
+from inferwire.bench.runner import cli
 from inferwire.transports.tcp import TcpServer
+from inferwire.workloads import token_stream_source
 
 STALL_S = 0.2
 
@@ -31,7 +33,7 @@ class StallingService(it.SimulatedService):
     chunk, as a garbage-collection pause would: every connection waits, not just that one."""
 
     def __init__(self, *, every: int = 0, stall_s: float = STALL_S, **kwargs: Any) -> None:
-        super().__init__(workload_source, **kwargs)
+        super().__init__(token_stream_source, **kwargs)
         self.every = every
         self.stall_s = stall_s
         self.max_active = 0
@@ -237,11 +239,11 @@ def test_concurrency_cap_is_respected() -> None:
 def test_a_dying_server_is_counted_not_dropped() -> None:
     spec = openloop.LoadSpec(workload="stream-16", duration_s=2.0, seed=7, drain_timeout_s=30)
 
-    async def run(server: servers.ServerProcess) -> dict[str, Any]:
+    async def run(server: server_process.ServerProcess) -> dict[str, Any]:
         asyncio.get_running_loop().call_later(0.8, server.kill)
         return await _drive(server.address, spec, rate_rps=100.0)
 
-    with servers.serve("tcp", "orjson", "--decode-ms", "1") as server:
+    with server_process.serve("tcp", "orjson", "--decode-ms", "1") as server:
         point = asyncio.run(run(server))
     assert point["requests_completed"] > 0
     assert point["requests_failed"] > 0

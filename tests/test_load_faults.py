@@ -1,6 +1,7 @@
 """Faults under load, on real server processes: the open-loop generator runs a few seconds at
 40 requests/s while the server is killed and restarted on its port, its connections are
-dropped, or it is stopped for longer than the clients' timeout (:mod:`inferwire.bench.faults`).
+dropped, or it is stopped for longer than the clients' timeout
+(:mod:`inferwire.bench.loadgen.faults`).
 
 What must hold whatever the fault: every request is counted once, as a success or an error;
 every success is a whole, verified stream (checked by the generator, and again from outside
@@ -16,7 +17,9 @@ from typing import Any
 import pytest
 
 import inferwire.transports as it
-from inferwire.bench import faults, load, metrics, openloop, servers
+from inferwire.bench.loadgen import fault_plan, faults, load_command, metrics, openloop
+from inferwire.bench.procs import server_process
+from inferwire.bench.report import faults as report_faults
 
 TIMEOUT_S = 120.0
 """Outer bound on one scenario (each runs about 6 s): a bound that fires is a hang."""
@@ -30,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
 
 def _run(scenario: str, transport: str) -> dict[str, Any]:
     row = faults.run_scenario(scenario, transport)
-    print(faults.render([row]))
+    print(report_faults.render([row]))
     print(row["error_examples"])
     return row
 
@@ -76,7 +79,7 @@ def test_a_stalled_server_times_requests_out(transport: str) -> None:
     row = _run("stall", transport)
     _check(row)
     # the requests due during the stop waited for it: all timed out, none passed as done
-    assert row["errors"]["TransportTimeoutError"] >= faults.RATE_RPS * faults.TIMEOUT_S / 2
+    assert row["errors"]["TransportTimeoutError"] >= fault_plan.RATE_RPS * fault_plan.TIMEOUT_S / 2
 
 
 def test_a_healthy_run_has_nothing_to_report() -> None:
@@ -92,7 +95,7 @@ def test_a_healthy_run_has_nothing_to_report() -> None:
         finally:
             await target.close()
 
-    with servers.serve("http2", "protobuf") as server:
+    with server_process.serve("http2", "protobuf") as server:
         point = asyncio.run(asyncio.wait_for(run(server.address), TIMEOUT_S))
     assert point["requests_failed"] == 0, point["errors"]
     assert point["requests_completed"] == point["requests_scheduled"] > 0
@@ -101,4 +104,6 @@ def test_a_healthy_run_has_nothing_to_report() -> None:
     assert integrity["content_checked"] is True
     assert metrics.integrity_violations(integrity) == 0
     assert point["output_tokens"] == 10 * point["requests_completed"]  # cut after 10 tokens
-    assert "0 lost, 0 duplicated, 0 reordered, 0 truncated, 0 altered" in load.summary_line(point)
+    assert "0 lost, 0 duplicated, 0 reordered, 0 truncated, 0 altered" in load_command.summary_line(
+        point
+    )

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionChunk
 
 import inferwire.codecs as ic
-from inferwire.bench import workloads
+from inferwire import workloads
 
 JSON_CODECS = [n for n in ic.names() if ic.get(n).media_type == "application/json"]
 MSGPACK_CODECS = ["msgpack", "msgspec-msgpack"]

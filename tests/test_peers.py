@@ -15,8 +15,9 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench import peers, servers
-from inferwire.bench.serving import workload_source
+from inferwire.bench.procs import peer_servers, server_process
+from inferwire.bench.report import peers as peers_report
+from inferwire.workloads import token_stream_source
 
 CODEC = "orjson"
 # (peer, our client's transport, the CLI options that ask for it)
@@ -28,7 +29,7 @@ REQUESTS = [
 
 
 def _expected(request: it.GenerateRequest) -> list[ic.TokenChunk]:
-    return list(it.SimulatedService(workload_source).chunks(request))
+    return list(it.SimulatedService(token_stream_source).chunks(request))
 
 
 def _wire_bytes(request: it.GenerateRequest) -> bytes:
@@ -38,9 +39,9 @@ def _wire_bytes(request: it.GenerateRequest) -> bytes:
 
 
 @pytest.fixture(scope="module", params=PEERS, ids=[p[0] for p in PEERS])
-def peer(request: pytest.FixtureRequest) -> Iterator[tuple[servers.ServerProcess, str]]:
+def peer(request: pytest.FixtureRequest) -> Iterator[tuple[server_process.ServerProcess, str]]:
     name, transport, options = request.param
-    with peers.peer(name, CODEC, *options) as process:
+    with peer_servers.peer(name, CODEC, *options) as process:
         yield process, transport
 
 
@@ -51,13 +52,13 @@ async def _stream(transport: str, address: str, request: it.GenerateRequest) -> 
 
 @pytest.mark.parametrize("request_", REQUESTS, ids=["whole", "cut-seed-model"])
 def test_our_client_streams_the_services_chunks(
-    peer: tuple[servers.ServerProcess, str], request_: it.GenerateRequest
+    peer: tuple[server_process.ServerProcess, str], request_: it.GenerateRequest
 ) -> None:
     process, transport = peer
     assert asyncio.run(_stream(transport, process.address, request_)) == _expected(request_)
 
 
-def test_concurrent_streams_on_one_client(peer: tuple[servers.ServerProcess, str]) -> None:
+def test_concurrent_streams_on_one_client(peer: tuple[server_process.ServerProcess, str]) -> None:
     process, transport = peer
 
     async def go() -> list[list[object]]:
@@ -73,7 +74,7 @@ def test_concurrent_streams_on_one_client(peer: tuple[servers.ServerProcess, str
 
 @pytest.mark.parametrize("request_", REQUESTS, ids=["whole", "cut-seed-model"])
 def test_httpx_reads_our_bytes(
-    peer: tuple[servers.ServerProcess, str], request_: it.GenerateRequest
+    peer: tuple[server_process.ServerProcess, str], request_: it.GenerateRequest
 ) -> None:
     process, transport = peer
     http2 = transport == "http2"
@@ -105,7 +106,7 @@ def test_httpx_reads_our_bytes(
     ],
 )
 def test_bad_requests_are_400(
-    peer: tuple[servers.ServerProcess, str], body: dict[str, object], message: str
+    peer: tuple[server_process.ServerProcess, str], body: dict[str, object], message: str
 ) -> None:
     process, transport = peer
     http2 = transport == "http2"
@@ -119,7 +120,7 @@ def test_bad_requests_are_400(
     assert message in response.json()["error"]["message"]
 
 
-def test_our_client_sees_remote_error(peer: tuple[servers.ServerProcess, str]) -> None:
+def test_our_client_sees_remote_error(peer: tuple[server_process.ServerProcess, str]) -> None:
     process, transport = peer
     with pytest.raises(it.RemoteError, match="unknown workload"):
         asyncio.run(_stream(transport, process.address, it.GenerateRequest(workload="no-such")))
@@ -129,7 +130,7 @@ def test_our_client_sees_remote_error(peer: tuple[servers.ServerProcess, str]) -
 def test_stops_cleanly_with_a_connection_open(
     name: str, transport: str, options: tuple[str, ...]
 ) -> None:
-    process = peers.peer(name, CODEC, *options).start()
+    process = peer_servers.peer(name, CODEC, *options).start()
     popen = process.process
     assert popen is not None
     server = psutil.Process(popen.pid)
@@ -151,13 +152,13 @@ def test_stops_cleanly_with_a_connection_open(
 
 def test_http2_is_hypercorn_only() -> None:
     with pytest.raises(SystemExit) as exit_info:
-        peers.main(["--server", "uvicorn", "--http2"])
+        peer_servers.main(["--server", "uvicorn", "--http2"])
     assert exit_info.value.code == 2
 
 
 def test_unknown_peer() -> None:
     with pytest.raises(ValueError, match="unknown peer"):
-        peers.peer("gunicorn")
+        peer_servers.peer("gunicorn")
 
 
 def test_rows_read_the_peers_benchmarks(tmp_path: Path) -> None:
@@ -177,7 +178,7 @@ def test_rows_read_the_peers_benchmarks(tmp_path: Path) -> None:
             "correct": True,
             **extra,
         }
-        return {"group": peers.GROUP, "extra_info": info}
+        return {"group": peers_report.GROUP, "extra_info": info}
 
     raw = {
         "benchmarks": [
@@ -188,7 +189,7 @@ def test_rows_read_the_peers_benchmarks(tmp_path: Path) -> None:
     }
     path = tmp_path / "peers.json"
     path.write_text(json.dumps(raw))
-    table = peers.rows(path)
+    table = peers_report.rows(path)
     assert [r.server for r in table] == ["inferwire-http1", "uvicorn"]
     assert table[0].baseline is None
     assert table[1].baseline == "inferwire-http1"

@@ -1,6 +1,6 @@
 """Every transport with every codec, end to end, against ``inferwire serve`` subprocesses.
 
-The servers are the CLI's (``python -m inferwire.bench.cli serve``), started once per
+The servers are ``python -m inferwire.transports.serve serve`` processes, started once per
 (transport, codec, tls) for the session on a free port of 127.0.0.1; the tests are clients in
 this process. What a stream should carry is what a local :class:`SimulatedService` over the
 same workload source says, chunk for chunk; unary inference must echo its tensors bitwise.
@@ -33,12 +33,12 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench import workloads
-from inferwire.bench.serving import workload_source
+from inferwire import workloads
 from inferwire.codecs.delta_codec import DELTA_V2, SUBJECT, DeltaCodec, default_registry
 from inferwire.transports.grpc_transport import GrpcClient
 from inferwire.transports.http1 import Http1Client
 from inferwire.transports.registry_client import HttpSchemaResolver, http_resolver
+from inferwire.workloads import token_stream_source
 
 T = TypeVar("T")
 
@@ -54,7 +54,7 @@ CALL_TIMEOUT_S: Final = 120.0
 PROXY_DELAY_MS: Final = 20
 MIN_ADDED_ROUND_TRIP_S: Final = 0.038
 
-SERVICE: Final = it.SimulatedService(workload_source)
+SERVICE: Final = it.SimulatedService(token_stream_source)
 _LISTENING: Final = re.compile(r"listening on \[?([^\s\]]+)\]?:(\d+)(?: ca=(\S+))?")
 
 
@@ -104,7 +104,7 @@ class CliProcesses:
         log = self.folder / f"{len(self.processes)}-{args[0]}.stderr"
         with log.open("w") as stderr:
             process = subprocess.Popen(
-                [sys.executable, "-m", "inferwire.bench.cli", *args],
+                [sys.executable, "-m", "inferwire.transports.serve", *args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -645,7 +645,7 @@ def test_server_stops_after_serve_forever_was_cancelled(transport: str) -> None:
     order an application's shutdown naturally takes)."""
 
     async def serve_cancel_stop() -> None:
-        service = it.SimulatedService(workload_source)
+        service = it.SimulatedService(token_stream_source)
         server = it.server_class(transport)(service, ic.get("protobuf"), host="127.0.0.1")
         await server.start()
         serving = asyncio.ensure_future(server.serve_forever())

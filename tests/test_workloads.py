@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import inferwire.codecs as ic
-from inferwire.bench import workloads
+from inferwire import workloads
 
 STREAMS = workloads.names("stream")
 NAMES = [
@@ -99,7 +99,7 @@ def test_values_do_not_depend_on_the_process() -> None:
             "from __future__ import annotations",
             "import hashlib",
             "import inferwire.codecs as ic",
-            "from inferwire.bench import workloads",
+            "from inferwire import workloads",
             inspect.getsource(fingerprint),
             "for name in workloads.names():",
             "    print(name, fingerprint(workloads.get(name).messages()))",

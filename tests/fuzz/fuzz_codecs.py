@@ -38,7 +38,8 @@ with atheris.instrument_imports(include=["inferwire.codecs"]):
     CODECS.append(("delta-pure", DeltaCodec(pure_python=True)))
 
 # after the codecs, which it imports: imported first, they would not be instrumented
-from inferwire.bench import hostile, workloads
+from inferwire import workloads
+from inferwire.workloads import hostile
 
 STREAM = 0xC0
 MAX_LEN = 4096

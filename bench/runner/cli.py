@@ -1,10 +1,10 @@
 """The ``inferwire`` command.
 
-inferwire bench [--out results] [--quick]   run the benchmark matrix, write results/
+inferwire bench [--out results] [-k EXPR]  run the benchmark matrix, write results/
 inferwire report [--out results]            rebuild results/README.md from results/raw/
 inferwire serve --transport T --codec C     one transport's server (prints its address)
 inferwire proxy --upstream H:P --delay-ms X the WAN-delay proxy
-inferwire load --transport T --spawn ...    the open-loop load generator (see bench/load.py)
+inferwire load --transport T --spawn ...    the open-loop load generator (bench/loadgen/)
 """
 
 from __future__ import annotations
@@ -15,23 +15,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-RAW_NAME = "codecs.json"
+from inferwire.bench.report import results
 
-
+SUITES_DIR = Path(__file__).resolve().parents[1]
+"""bench/, where the suites are."""
 SUITES = (
-    ("bench_codecs.py", RAW_NAME),
-    ("bench_transports.py", "transports.json"),
-    ("bench_connections.py", "connections.json"),
-    ("bench_stages.py", "stages.json"),
-    ("bench_load.py", "load.json"),
-    ("bench_peers.py", "peers.json"),
-    ("bench_faults.py", "faults.json"),
+    ("bench_codecs.py", results.CODECS_RAW),
+    ("bench_transports.py", results.TRANSPORTS_RAW),
+    ("bench_connections.py", results.CONNECTIONS_RAW),
+    ("bench_stages.py", results.STAGES_RAW),
+    ("bench_load.py", results.LOAD_RAW),
+    ("bench_peers.py", results.PEERS_RAW),
+    ("bench_faults.py", results.FAULTS_RAW),
 )
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from . import report
+    from inferwire.bench.report import readme
 
     out: Path = args.out
     raw = out / "raw"
@@ -43,7 +43,7 @@ def _bench(args: argparse.Namespace) -> int:
             sys.executable,
             "-m",
             "pytest",
-            str(HERE / suite),
+            str(SUITES_DIR / suite),
             "-p",
             "no:cacheprovider",
             "-q",
@@ -66,7 +66,7 @@ def _bench(args: argparse.Namespace) -> int:
         if args.filter:
             command += ["-k", args.filter]
         # rootdir/config: the project's pytest settings apply when run from a checkout
-        completed = subprocess.run(command, cwd=HERE.parent, check=False)
+        completed = subprocess.run(command, cwd=SUITES_DIR.parent, check=False)
         if completed.returncode == 5 and args.filter:
             print(f"{suite}: nothing matches -k {args.filter!r}; its results are kept as they were")
             continue
@@ -79,7 +79,7 @@ def _bench(args: argparse.Namespace) -> int:
             return completed.returncode
         _trim(partial)
         partial.replace(raw_path)
-    written = report.write(raw / RAW_NAME, out)
+    written = readme.write(raw / results.CODECS_RAW, out)
     print(f"wrote {written}")
     return 0
 
@@ -94,9 +94,9 @@ def _trim(raw_path: Path) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from . import report
+    from inferwire.bench.report import readme
 
-    written = report.write(args.out / "raw" / RAW_NAME, args.out)
+    written = readme.write(args.out / "raw" / results.CODECS_RAW, args.out)
     print(f"wrote {written}")
     return 0
 
@@ -120,10 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", type=Path, default=Path("results"))
     rep.set_defaults(run=_report)
 
-    from . import load, serving
+    from inferwire.bench.loadgen import load_command
+    from inferwire.transports import serve
 
-    serving.add_commands(commands)
-    load.add_commands(commands)
+    serve.add_commands(commands)
+    load_command.add_commands(commands)
 
     args = parser.parse_args(argv)
     return int(args.run(args))

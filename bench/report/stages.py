@@ -1,16 +1,15 @@
-"""Report sections for connection setup, per-stage time and the network's share, from
-``raw/connections.json`` and ``raw/stages.json``; and the stacked-bar plot of the stages."""
+"""The report's per-stage section, from ``raw/stages.json``: where a streamed token's time
+goes, a request's path to its first token, and what the network adds; and their stacked-bar
+plots."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .tables import table as _table
+from .results import STAGES_RAW, records
+from .tables import ms, table
 
-CONNECTIONS_RAW = "connections.json"
-STAGES_RAW = "stages.json"
 STAGE_NAMES = ("serialize", "write", "network", "parse")
 REQUEST_STAGE_NAMES = (
     "client serialize",
@@ -24,94 +23,11 @@ REQUEST_STAGE_NAMES = (
 )
 
 
-def _load(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    raw = json.loads(path.read_text())
-    return [
-        {
-            **bench["extra_info"],
-            "median_s": bench["stats"]["median"],
-            "iqr_s": bench["stats"]["iqr"],
-        }
-        for bench in raw["benchmarks"]
-    ]
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:,.1f} ms"
-
-
-def connection_setup(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
-    results = _load(raw_dir / CONNECTIONS_RAW)
+def section(raw_dir: Path) -> str:
+    """The report's per-stage section ("" if the run has none)."""
+    results = records(raw_dir / STAGES_RAW)
     if not results:
-        return [], ""
-    setup = {
-        (r["transport"], r["concurrency"], r["tls"], r["delay_ms"], r["mode"]): r
-        for r in results
-        if r["op"] == "connection-setup"
-    }
-    rows = []
-    for (transport, concurrency, tls, delay, mode), new in sorted(setup.items()):
-        if mode != "new":
-            continue
-        reused = setup.get((transport, concurrency, tls, delay, "reused"))
-        if reused is None:
-            continue
-        cut = 1 - reused["median_s"] / new["median_s"]
-        rows.append(
-            [
-                f"`{transport}`",
-                str(concurrency),
-                "TLS" if tls else "plain",
-                f"{delay} ms",
-                _ms(new["median_s"]),
-                _ms(reused["median_s"]),
-                f"{cut:.0%}",
-                "yes" if new["correct"] and reused["correct"] else "**no**",
-            ]
-        )
-    sessions = [r for r in results if r["op"] == "session-connections"]
-    session_rows = [
-        [f"`{r['transport']}`", r["mode"], str(r["requests"]), str(r["connections"])]
-        for r in sessions
-    ]
-    text = "\n".join(
-        [
-            "## Connection setup",
-            "",
-            "One round: *concurrency* clients each make one small infer request at once. *new*: "
-            "each request on a connection of its own (TCP, TLS, HTTP/2 preface or gRPC channel "
-            "setup), closed after; *reused*: on a connection opened before timing. *one-way "
-            "delay*: through the WAN-delay proxy. *saved*: 1 - reused / new. Median of 5 rounds.",
-            "",
-            _table(
-                [
-                    "transport",
-                    "concurrency",
-                    "security",
-                    "one-way delay",
-                    "new",
-                    "reused",
-                    "saved",
-                    "correct",
-                ],
-                rows,
-            ),
-            "",
-            "Connections (TCP handshakes) one user session of several requests opens:",
-            "",
-            _table(["transport", "mode", "requests", "connections"], session_rows),
-            "",
-        ]
-    )
-    return results, text
-
-
-def stages(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
-    results = _load(raw_dir / STAGES_RAW)
-    if not results:
-        return [], ""
+        return ""
     stage_rows = []
     for r in results:
         if r["op"] != "stages":
@@ -146,8 +62,8 @@ def stages(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
                 f"`{transport}`",
                 pattern,
                 str(proxied["tokens"]),
-                _ms(direct["median_s"]),
-                _ms(proxied["median_s"]),
+                ms(direct["median_s"]),
+                ms(proxied["median_s"]),
                 f"{share:.0%}",
             ]
         )
@@ -169,7 +85,7 @@ def stages(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
             "",
             "![stages](plots/stages.png)",
             "",
-            _table(
+            table(
                 [
                     "transport",
                     "codec",
@@ -191,7 +107,7 @@ def stages(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
             "",
             "![request stages](plots/request_stages.png)",
             "",
-            _table(["transport", "codec", *REQUEST_STAGE_NAMES, "total"], request_rows),
+            table(["transport", "codec", *REQUEST_STAGE_NAMES, "total"], request_rows),
             "",
             "### What the network adds (WAN-delay proxy)",
             "",
@@ -201,14 +117,14 @@ def stages(raw_dir: Path) -> tuple[list[dict[str, Any]], str]:
             " ms one way: as one stream, and as one request per token. *network share*: "
             "1 - direct / proxied. Median of 3.",
             "",
-            _table(
+            table(
                 ["transport", "pattern", "tokens", "direct", "proxied", "network share"],
                 wan_rows,
             ),
             "",
         ]
     )
-    return results, text
+    return text
 
 
 def _stacked(
@@ -237,9 +153,9 @@ def _stacked(
     return path
 
 
-def plot_stages(raw_dir: Path, out_dir: Path) -> list[Path]:
+def plot(raw_dir: Path, out_dir: Path) -> list[Path]:
     """Stacked bars per transport x codec: a chunk's stages, and a request's (PNG)."""
-    results = [r for r in _load(raw_dir / STAGES_RAW) if r["op"] == "stages"]
+    results = [r for r in records(raw_dir / STAGES_RAW) if r["op"] == "stages"]
     if not results:
         return []
     paths = [

@@ -74,8 +74,9 @@ from typing import Any
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire.bench.procs import server_process
 
-from . import metrics, servers
+from . import metrics
 from .metrics import Slo
 from .openloop import (
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -117,7 +118,7 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, int | None]]:
         yield args.address, args.server_pid
         return
     pacing = ["--prefill-ms", str(args.prefill_ms), "--decode-ms", str(args.decode_ms)]
-    with servers.serve(args.transport, args.codec, *pacing) as server:
+    with server_process.serve(args.transport, args.codec, *pacing) as server:
         assert server.process is not None
         yield server.address, server.process.pid
 

@@ -1,26 +1,16 @@
-"""Report sections for the load generator (``raw/load.json``) and the peers comparison
-(``raw/peers.json``)."""
+"""The report's load section, from ``raw/load.json``: the open-loop runs per transport, the
+generator's own capacity, and its target row."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from . import peers
+from .results import LOAD_RAW, infos
 from .tables import table as _table
 
-LOAD_RAW = "load.json"
-PEERS_RAW = "peers.json"
 CAPACITY_TARGET_RPS = 5000.0
 CAPACITY_LAG_MS = 1.0
-PEER_TARGET = 1.5
-
-
-def _infos(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [bench["extra_info"] for bench in json.loads(path.read_text())["benchmarks"]]
 
 
 def _load_average(value: Any) -> float:
@@ -33,7 +23,7 @@ def _pcts(metric: dict[str, Any]) -> str:
 
 
 def capacity_target_row(raw_dir: Path) -> list[list[str]]:
-    points = [i for i in _infos(raw_dir / LOAD_RAW) if i.get("target") == "null"]
+    points = [i for i in infos(raw_dir / LOAD_RAW) if i.get("target") == "null"]
     at = [p for p in points if p["rate_rps"] >= CAPACITY_TARGET_RPS]
     if not at:
         return []
@@ -54,10 +44,11 @@ def capacity_target_row(raw_dir: Path) -> list[list[str]]:
     ]
 
 
-def load_section(raw_dir: Path) -> str:
-    infos = _infos(raw_dir / LOAD_RAW)
-    runs = [i for i in infos if i.get("op") == "load"]
-    capacity = [i for i in infos if i.get("target") == "null"]
+def section(raw_dir: Path) -> str:
+    """The report's load section ("" if the run has none)."""
+    recorded = infos(raw_dir / LOAD_RAW)
+    runs = [i for i in recorded if i.get("op") == "load"]
+    capacity = [i for i in recorded if i.get("target") == "null"]
     if not runs and not capacity:
         return ""
     parts = ["## Load (open loop)", ""]
@@ -143,76 +134,3 @@ def load_section(raw_dir: Path) -> str:
             "",
         ]
     return "\n".join(parts)
-
-
-def peer_target_rows(raw_dir: Path) -> list[list[str]]:
-    path = raw_dir / PEERS_RAW
-    if not path.exists():
-        return []
-    out = []
-    for row in peers.rows(path):
-        if row.baseline is None or row.ratio_tokens_per_server_cpu_s is None:
-            continue
-        ratio = row.ratio_tokens_per_server_cpu_s
-        out.append(
-            [
-                f"`{row.baseline}` vs {row.stack} ({row.protocol})",
-                "tokens per server CPU-second, paired",
-                f"{ratio:.2f}x",
-                f">= {PEER_TARGET:g}x",
-                "met" if ratio >= PEER_TARGET else "**missed**",
-            ]
-        )
-    return out
-
-
-def peers_section(raw_dir: Path) -> str:
-    path = raw_dir / PEERS_RAW
-    if not path.exists():
-        return ""
-    table = peers.rows(path)
-    if not table:
-        return ""
-    return "\n".join(
-        [
-            "## Against what users deploy instead",
-            "",
-            "The same SSE token stream (`stream-256`, `orjson`, no pacing, 16 streams at once) "
-            "from our servers and from Starlette's `StreamingResponse` under uvicorn (HTTP/1.1, "
-            "httptools) and Hypercorn (HTTP/2, h2c). Each server is pinned to one core and the "
-            "client to the other. *per core*: output tokens per CPU-second of the server "
-            "process. *gap*: time between successive chunks at the client, P50 / P99 in us. "
-            "Notes: Hypercorn buffers a stream's output and sends it in frames of up to 16 KiB, "
-            "so its tokens arrive in bursts (see its P99 gap and TPOT); ours write every chunk "
-            "that is due at once, so a paced stream is not delayed.",
-            "",
-            _table(
-                [
-                    "server",
-                    "protocol",
-                    "tokens/s",
-                    "per core",
-                    "gap P50 / P99",
-                    "TPOT",
-                    "vs ours",
-                    "correct",
-                ],
-                [
-                    [
-                        f"`{r.server}`",
-                        r.protocol,
-                        f"{r.tokens_per_s:,.0f}",
-                        f"{r.tokens_per_server_cpu_s:,.0f}",
-                        f"{r.itl_p50_us:,.1f} / {r.itl_p99_us:,.1f}",
-                        f"{r.tpot_mean_us:,.1f} us",
-                        f"{r.ratio_tokens_per_server_cpu_s:.2f}x"
-                        if r.ratio_tokens_per_server_cpu_s is not None
-                        else "",
-                        "yes" if r.correct else "**no**",
-                    ]
-                    for r in table
-                ],
-            ),
-            "",
-        ]
-    )

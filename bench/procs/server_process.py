@@ -1,5 +1,6 @@
 """Servers in their own processes, for benchmarks (and anyone else who needs one): start
-``inferwire serve`` on a free loopback port, read the address it prints, stop it after.
+``inferwire serve`` (:mod:`inferwire.transports.serve`) on a free loopback port, read the
+address it prints, stop it after.
 
 A server process shares no interpreter, GIL or event loop with the client that measures it, so
 the client's timings include what a real deployment pays: a socket between two processes.
@@ -26,7 +27,7 @@ class ServerProcess:
     """``inferwire serve`` (or ``proxy``) as a child process; a context manager."""
 
     def __init__(self, *args: str) -> None:
-        self.args = [sys.executable, "-m", "inferwire.bench.cli", *args]
+        self.args = [sys.executable, "-m", "inferwire.transports.serve", *args]
         self.process: subprocess.Popen[str] | None = None
         self.host = ""
         self.port = 0

@@ -1,4 +1,4 @@
-"""The transport tables of ``results/README.md``, from ``raw/transports.json``."""
+"""The report's transports section and target rows, from ``raw/transports.json``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 from .tables import table as _table
 
-RAW_NAME = "transports.json"
 TRANSPORT_TARGET = 3.0
 TRANSPORT_ORDER = ("tcp", "http1", "http1-new-connection", "http2", "grpc")
 

@@ -15,12 +15,11 @@ so the two sides do the same work; only the HTTP stack differs. It runs under
 Response headers are the stacks' own defaults (``date``, ``server``, Starlette's
 ``; charset=utf-8`` on ``text/*``): what a user of them sends.
 
-    python -m inferwire.bench.peers --server uvicorn --codec orjson --port 0
-    python -m inferwire.bench.peers --server hypercorn --codec orjson --port 0 --http2
+    python -m inferwire.bench.procs.peer_servers --server uvicorn --codec orjson --port 0
+    python -m inferwire.bench.procs.peer_servers --server hypercorn --codec orjson --port 0 --http2
 
 print ``listening on HOST:PORT`` first, like ``inferwire serve``, and stop on SIGTERM or SIGINT.
-:func:`peer` is the :class:`~inferwire.bench.servers.ServerProcess` for one, and :func:`rows`
-reads the results of ``bench/bench_peers.py`` back for the report.
+:func:`peer` is the :class:`~inferwire.bench.procs.server_process.ServerProcess` for one.
 """
 
 from __future__ import annotations
@@ -28,30 +27,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import orjson
 
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.transports.common import error_body
+from inferwire.workloads import token_stream_source
 
-from . import servers
-from .serving import workload_source
+from . import server_process
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
 PEERS: Final = ("uvicorn", "hypercorn")
-GROUP: Final = "peers"
-"""The ``benchmark.group`` of bench_peers.py's results."""
 _BACKLOG: Final = 1024
 """Backlog of the socket we bind, until the server takes it over and listens with its own:
 a client that connects as soon as the address is printed waits here, not refused."""
@@ -184,7 +178,7 @@ async def _serve_hypercorn(app: Starlette, sock: socket.socket) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m inferwire.bench.peers", description=__doc__.splitlines()[0]
+        prog="python -m inferwire.bench.procs.peer_servers", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--server", required=True, choices=PEERS)
     parser.add_argument("--codec", default="orjson", choices=ic.names())
@@ -202,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.http2 and args.server != "hypercorn":
         parser.error("--http2: only hypercorn (uvicorn's HTTP/2 needs zttp, not installed here)")
     service = it.SimulatedService(
-        workload_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
+        token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
     )
     app = make_app(service, ic.get(args.codec))
     sock = _listen(args.host, args.port)
@@ -211,15 +205,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def peer(server: str, codec: str = "orjson", *options: str) -> servers.ServerProcess:
-    """A peer server (not started; use ``with``), as ``servers.serve`` is one of ours."""
+def peer(server: str, codec: str = "orjson", *options: str) -> server_process.ServerProcess:
+    """A peer server (not started; use ``with``), as ``server_process.serve`` is one of ours."""
     if server not in PEERS:
         raise ValueError(f"unknown peer {server!r}; choose from {', '.join(PEERS)}")
-    process = servers.ServerProcess()
+    process = server_process.ServerProcess()
     process.args = [
         sys.executable,
         "-m",
-        "inferwire.bench.peers",
+        "inferwire.bench.procs.peer_servers",
         "--server",
         server,
         "--codec",
@@ -227,60 +221,6 @@ def peer(server: str, codec: str = "orjson", *options: str) -> servers.ServerPro
         *options,
     ]
     return process
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Row:
-    """One server of the peers table; see bench_peers.py for how each figure is measured."""
-
-    server: str
-    stack: str
-    protocol: str
-    tokens_per_s: float
-    tokens_per_server_cpu_s: float
-    itl_p50_us: float
-    itl_p99_us: float
-    itl_p999_us: float
-    tpot_mean_us: float
-    server_cpu_utilization: float
-    client_cpu_utilization: float
-    correct: bool
-    baseline: str | None = None
-    """For a peer: the inferwire server it is compared with."""
-    ratio_tokens_per_server_cpu_s: float | None = None
-    """Baseline / this server, tokens per server CPU-second (the 1.5x target)."""
-    ratio_tokens_per_s: float | None = None
-
-
-def rows(results_json_path: str | Path) -> list[Row]:
-    """The peers table from a pytest-benchmark JSON file of bench_peers.py (other benchmarks
-    in the file are skipped), in the order they ran."""
-    raw: dict[str, Any] = json.loads(Path(results_json_path).read_text())
-    table = []
-    for bench in raw.get("benchmarks", []):
-        if bench.get("group") != GROUP:
-            continue
-        info = bench["extra_info"]
-        table.append(
-            Row(
-                server=info["server"],
-                stack=info["stack"],
-                protocol=info["protocol"],
-                tokens_per_s=info["tokens_per_s"],
-                tokens_per_server_cpu_s=info["tokens_per_server_cpu_s"],
-                itl_p50_us=info["itl_p50_us"],
-                itl_p99_us=info["itl_p99_us"],
-                itl_p999_us=info["itl_p999_us"],
-                tpot_mean_us=info["tpot_mean_us"],
-                server_cpu_utilization=info["server_cpu_utilization"],
-                client_cpu_utilization=info["client_cpu_utilization"],
-                correct=info["correct"],
-                baseline=info.get("baseline"),
-                ratio_tokens_per_server_cpu_s=info.get("ratio_tokens_per_server_cpu_s"),
-                ratio_tokens_per_s=info.get("ratio_tokens_per_s"),
-            )
-        )
-    return table
 
 
 if __name__ == "__main__":

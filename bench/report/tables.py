@@ -1,4 +1,4 @@
-"""The one markdown table writer of the report modules."""
+"""The one markdown table writer of the report modules, and the cell format they share."""
 
 from __future__ import annotations
 
@@ -13,3 +13,8 @@ def table(header: list[str], rows: Iterable[list[str]], *, left: Collection[int]
     ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def ms(seconds: float) -> str:
+    """Seconds as milliseconds, one decimal."""
+    return f"{seconds * 1e3:,.1f} ms"

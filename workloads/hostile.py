@@ -1,7 +1,7 @@
-"""Bad bytes against every codec: what each decoder makes of input a peer should never send.
+"""Bad bytes a peer should never send, made for every codec from the workloads it carries.
 
-:func:`codec_inputs_report` feeds each codec, for each workload it carries, three kinds of
-input, all drawn from a seeded ``random.Random`` (the same rows on every machine):
+:func:`bad_inputs` gives, for one codec and each workload it carries, these kinds of input,
+all drawn from a seeded ``random.Random`` (the same inputs on every machine):
 
 - ``prefix``: strict prefixes of a unary encoding and of a stream (fed, then ``close()``);
 - ``corruption``: one to three edits (byte flips, insertions, deletions, a splice onto another
@@ -18,15 +18,11 @@ input, all drawn from a seeded ``random.Random`` (the same rows on every machine
   logprobs) under an unknown key, and a delta frame claiming more bytes than the budget;
 - ``fan-out`` (flatbuffers): 2,000 logprobs that are all one table whose 2,000 alternatives are
   all one table, 4 million tables' worth of offsets in 16 kB, which the verifier's item budget
-  must refuse (its slowest decode is the time to refuse).
+  must refuse.
 
-Each row counts what came back: a value (``decoded``), a ``DecodeError``, or anything else
-(``other``: a foreign exception escaped the codec; expected 0), and the slowest single
-decode. Caveats: long token streams are fuzzed on their last 16 chunks, and JSON encodings
-over 64 KB on a cropped copy of the same message (a 2x8 matrix, a 1x3x4x4 image), as a full
-parse of up to 3 MB for each of thousands of inputs would take minutes; the slowest decode
-of those rows is therefore not the full payload's. tests/test_codec_fuzz.py is the
-exhaustive, hypothesis-driven counterpart.
+Caveats: long token streams are damaged on their last 16 chunks, and JSON encodings over 64 KB
+on a cropped copy of the same message (:func:`cropped`: a 2x8 matrix, a 1x3x4x4 image), as a
+full parse of up to 3 MB for each of thousands of inputs would take minutes.
 """
 
 from __future__ import annotations
@@ -35,16 +31,14 @@ import dataclasses
 import importlib
 import random
 import struct
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Final
 
 import numpy as np
 
 import inferwire.codecs as ic
+from inferwire import workloads
 from inferwire.codecs import pbwire
-
-from . import workloads
 
 KINDS: Final = ("prefix", "corruption", "lying-header", "too-deep", "too-many", "fan-out")
 JSON_TEXT: Final = ("json", "orjson", "msgspec-json")
@@ -65,7 +59,9 @@ def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Input:
+class Input:
+    """One bad input, and how it is fed."""
+
     data: bytes
     stream: bool
     """Fed to a stream decoder (then closed) rather than to ``decode``."""
@@ -120,17 +116,17 @@ def _pick(rng: random.Random, subject: _Subject) -> tuple[bytes, bool]:
     return rng.choice(subject.encodings), False
 
 
-def _prefixes(rng: random.Random, subject: _Subject, count: int) -> Iterator[_Input]:
+def _prefixes(rng: random.Random, subject: _Subject, count: int) -> Iterator[Input]:
     for _ in range(count):
         data, stream = _pick(rng, subject)
         # half the cuts in the first 64 bytes, where the headers and lengths are
         end = rng.randrange(min(len(data), 64)) if rng.random() < 0.5 else rng.randrange(len(data))
-        yield _Input(data[:end], stream)
+        yield Input(data[:end], stream)
 
 
 def _corruptions(
     rng: random.Random, subject: _Subject, pool: list[bytes], count: int
-) -> Iterator[_Input]:
+) -> Iterator[Input]:
     for _ in range(count):
         data, stream = _pick(rng, subject)
         out = bytearray(data)
@@ -147,7 +143,7 @@ def _corruptions(
             else:
                 other = rng.choice(pool)
                 out[pos:] = other[rng.randrange(len(other) + 1) :]
-        yield _Input(bytes(out), stream)
+        yield Input(bytes(out), stream)
 
 
 def _array_offsets(data: bytes, message: Any) -> list[int]:
@@ -183,34 +179,34 @@ def _protobuf_lengths(data: bytes) -> Iterator[bytes]:
         return
 
 
-def _lies(subject: _Subject) -> Iterator[_Input]:
+def _lies(subject: _Subject) -> Iterator[Input]:
     junk = bytes(range(32))
     for marker in (0xDC, 0xDD, 0xDE, 0xDF, 0xC6, 0xDB):  # array, map, bin, str: all 1s
-        yield _Input(bytes([marker]) + b"\xff" * _MSGPACK_LENGTHS[marker] + junk, False)
+        yield Input(bytes([marker]) + b"\xff" * _MSGPACK_LENGTHS[marker] + junk, False)
     for key in (0x0A, 0x12, 0x1A, 0x22):  # fields 1-4, length-delimited, of 2 GiB
-        yield _Input(bytes([key]) + pbwire.varint(2**31) + junk, False)
-    yield _Input(b"\x0a" + pbwire.varint(2**64 - 1) + junk, False)
+        yield Input(bytes([key]) + pbwire.varint(2**31) + junk, False)
+    yield Input(b"\x0a" + pbwire.varint(2**64 - 1) + junk, False)
     for data, message in zip(subject.encodings, subject.messages, strict=True):
         for pos in range(min(len(data), 32)):
-            yield _Input(data[:pos] + b"\xff\xff\xff\xff" + data[pos + 4 :], False)
+            yield Input(data[:pos] + b"\xff\xff\xff\xff" + data[pos + 4 :], False)
         arrays = _array_offsets(data, message)
         for start in arrays:  # the length or offset fields in front of an array's bytes
             for pos in range(max(0, start - 12), start - 3):
-                yield _Input(data[:pos] + b"\xff\xff\xff\xff" + data[pos + 4 :], False)
+                yield Input(data[:pos] + b"\xff\xff\xff\xff" + data[pos + 4 :], False)
         headers = range(min([len(data), 4096, *arrays]))  # not in the array bytes themselves
         for pos in (p for p in headers if data[p] in _MSGPACK_LENGTHS):
             width = _MSGPACK_LENGTHS[data[pos]]
-            yield _Input(data[: pos + 1] + b"\xff" * width + data[pos + 1 + width :], False)
+            yield Input(data[: pos + 1] + b"\xff" * width + data[pos + 1 + width :], False)
         for lied in _protobuf_lengths(data):
-            yield _Input(lied, False)
+            yield Input(lied, False)
     # streams: a length-prefixed frame of 4 GiB; a delta header, then frame, of 2**32
-    yield _Input(struct.pack(">BI", 0, 0xFFFFFFFF) + junk, True)
-    yield _Input(subject.stream[:1] + b"\xff\xff\xff\xff" + subject.stream[5:], True)
-    yield _Input(b"\x00\x00\x00\x00\x02" + pbwire.varint(2**32) + junk, True)
+    yield Input(struct.pack(">BI", 0, 0xFFFFFFFF) + junk, True)
+    yield Input(subject.stream[:1] + b"\xff\xff\xff\xff" + subject.stream[5:], True)
+    yield Input(b"\x00\x00\x00\x00\x02" + pbwire.varint(2**32) + junk, True)
     header_end = _delta_header_end(subject.stream)
     if header_end is not None:
         stream = subject.stream
-        yield _Input(stream[:header_end] + pbwire.varint(2**32) + junk, True)
+        yield Input(stream[:header_end] + pbwire.varint(2**32) + junk, True)
 
 
 def _with_unknown(name: str, codec: ic.Codec, message: Any, value: bytes) -> bytes:
@@ -225,7 +221,7 @@ def _with_unknown(name: str, codec: ic.Codec, message: Any, value: bytes) -> byt
     return bytes([0x80 | (size + 1)]) + data[1:] + b"\xa2zz" + value
 
 
-def _limits(name: str, codec: ic.Codec, subject: _Subject) -> dict[str, list[_Input]]:
+def _limits(name: str, codec: ic.Codec, subject: _Subject) -> dict[str, list[Input]]:
     """The inputs of the ``too-deep``, ``too-many`` and ``fan-out`` kinds for one workload."""
     message = subject.messages[0]
     over = ic.DEFAULT_MAX_DEPTH + 1
@@ -238,8 +234,8 @@ def _limits(name: str, codec: ic.Codec, subject: _Subject) -> dict[str, list[_In
             many = b"\xdd" + struct.pack(">I", 1 << 20) + b"\x80" * (1 << 20)
         try:
             return {
-                "too-deep": [_Input(_with_unknown(name, codec, message, d), False) for d in deep],
-                "too-many": [_Input(_with_unknown(name, codec, message, many), False)],
+                "too-deep": [Input(_with_unknown(name, codec, message, d), False) for d in deep],
+                "too-many": [Input(_with_unknown(name, codec, message, many), False)],
             }
         except ValueError:  # not a fixmap (a message type with more keys): nothing to add to
             return {}
@@ -254,14 +250,14 @@ def _limits(name: str, codec: ic.Codec, subject: _Subject) -> dict[str, list[_In
             + empties
         )
         return {
-            "too-deep": [_Input(d, False) for d in deep],
-            "too-many": [_Input(many, False)],
+            "too-deep": [Input(d, False) for d in deep],
+            "too-many": [Input(many, False)],
         }
     if name == "delta":
         header = codec.stream_encoder().encode(message)
-        return {"too-many": [_Input(header + pbwire.varint((1 << 20) + 1) + b"\x00" * 64, True)]}
+        return {"too-many": [Input(header + pbwire.varint((1 << 20) + 1) + b"\x00" * 64, True)]}
     if name == "flatbuffers" and isinstance(message, ic.TokenChunk):
-        return {"fan-out": [_Input(_fan_out(2000, 2000), False)]}
+        return {"fan-out": [Input(_fan_out(2000, 2000), False)]}
     return {}
 
 
@@ -314,112 +310,39 @@ def _delta_header_end(stream: bytes) -> int | None:
     return pos + length if pos + length <= len(stream) else None
 
 
-@dataclasses.dataclass(slots=True)
-class _Tally:
-    tried: int = 0
-    decoded: int = 0
-    decode_error: int = 0
-    other: int = 0
-    max_s: float = 0.0
+@dataclasses.dataclass(frozen=True, slots=True)
+class Batch:
+    """The inputs of one kind for one codec x workload, decoded as ``type_``."""
+
+    workload: str
+    kind: str
+    type_: type[Any]
+    inputs: Iterator[Input]
 
 
-def _attempt(codec: ic.Codec, type_: type[Any], item: _Input, tally: _Tally) -> None:
-    start = time.perf_counter()
-    try:
-        if item.stream:
-            decoder = codec.stream_decoder(type_)
-            for chunk in decoder.feed(item.data):
-                _read_through(chunk)
-            decoder.close()
-        else:
-            _read_through(codec.decode(item.data, type_))
-    except ic.DecodeError:
-        tally.decode_error += 1
-    except KeyboardInterrupt:
-        raise
-    except BaseException:  # what the report counts: a foreign exception escaped the codec
-        tally.other += 1
-    else:
-        tally.decoded += 1
-    tally.tried += 1
-    tally.max_s = max(tally.max_s, time.perf_counter() - start)
-
-
-def _read_through(value: Any) -> None:
-    """A zero-copy view read whole, as a caller would (its faults surface on access)."""
-    materialize: Callable[[], Any] | None = getattr(value, "materialize", None)
-    if materialize is not None:
-        materialize()
-
-
-def codec_inputs_report(seed: int = 0, per_codec: int = 2000) -> list[dict[str, Any]]:
-    """One row per codec x workload x kind (see the module docstring for what is fed).
+def bad_inputs(name: str, codec: ic.Codec, seed: int = 0, per_codec: int = 2000) -> Iterator[Batch]:
+    """The bad inputs for the codec ``codec`` registered as ``name``, one batch per workload it
+    carries and kind, in the order of :data:`KINDS` (see the module docstring for each).
 
     ``per_codec`` prefixes and corruptions per codec, spread over the workloads it carries
     (2 in 5 prefixes, 3 in 5 corruptions); the lying headers are a fixed set per workload.
+    The inputs are made as they are read: read each batch's before the next batch's.
     """
-    rows: list[dict[str, Any]] = []
-    for name in ic.names():
-        codec = ic.get(name)
-        carried = [
-            w for w in workloads.names() if type(workloads.get(w).messages()[0]) in codec.types
-        ]
-        subjects = {w: _subject(codec, w) for w in carried}
-        pool = [data for s in subjects.values() for data in (*s.encodings, s.stream)]
-        per_workload = max(2, per_codec // len(carried))
-        for workload, subject in subjects.items():
-            rng = random.Random(f"{seed}/{name}/{workload}")
-            prefixes = max(1, per_workload * 2 // 5)
-            inputs: dict[str, Iterator[_Input]] = {
-                "prefix": _prefixes(rng, subject, prefixes),
-                "corruption": _corruptions(rng, subject, pool, per_workload - prefixes),
-                "lying-header": _lies(subject),
-            }
-            if workload == carried[0]:  # once per codec: each is a megabyte or more
-                inputs.update(
-                    {kind: iter(items) for kind, items in _limits(name, codec, subject).items()}
-                )
-            for kind, items in inputs.items():
-                tally = _Tally()
-                for item in items:
-                    _attempt(codec, subject.type_, item, tally)
-                rows.append(
-                    {
-                        "codec": name,
-                        "workload": workload,
-                        "kind": kind,
-                        "tried": tally.tried,
-                        "decoded": tally.decoded,
-                        "decode_error": tally.decode_error,
-                        "other": tally.other,
-                        "max_ms": round(tally.max_s * 1e3, 3),
-                    }
-                )
-    return rows
-
-
-def render(rows: list[dict[str, Any]]) -> str:
-    """A markdown table: one line per codec and kind, summed over the workloads."""
-    totals: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in rows:
-        key = (row["codec"], row["kind"])
-        total = totals.setdefault(
-            key, {"tried": 0, "decoded": 0, "decode_error": 0, "other": 0, "max_ms": 0.0}
-        )
-        for field in ("tried", "decoded", "decode_error", "other"):
-            total[field] += row[field]
-        total["max_ms"] = max(total["max_ms"], row["max_ms"])
-    order = {kind: i for i, kind in enumerate(KINDS)}
-    codecs = {name: i for i, name in enumerate(dict.fromkeys(row["codec"] for row in rows))}
-    lines = [
-        "| codec | input | tried | decoded | DecodeError | other | slowest decode |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for (codec, kind), total in sorted(
-        totals.items(), key=lambda item: (codecs[item[0][0]], order.get(item[0][1], len(order)))
-    ):
-        lines.append(
-            f"| {codec} | {kind} | {total['tried']:,} | {total['decoded']:,} "
-            f"| {total['decode_error']:,} | {total['other']:,} | {total['max_ms']:.2f} ms |"
-        )
-    return "\n".join(lines) + "\n"
+    carried = [w for w in workloads.names() if type(workloads.get(w).messages()[0]) in codec.types]
+    subjects = {w: _subject(codec, w) for w in carried}
+    pool = [data for s in subjects.values() for data in (*s.encodings, s.stream)]
+    per_workload = max(2, per_codec // len(carried))
+    for workload, subject in subjects.items():
+        rng = random.Random(f"{seed}/{name}/{workload}")
+        prefixes = max(1, per_workload * 2 // 5)
+        inputs: dict[str, Iterator[Input]] = {
+            "prefix": _prefixes(rng, subject, prefixes),
+            "corruption": _corruptions(rng, subject, pool, per_workload - prefixes),
+            "lying-header": _lies(subject),
+        }
+        if workload == carried[0]:  # once per codec: each is a megabyte or more
+            inputs.update(
+                {kind: iter(items) for kind, items in _limits(name, codec, subject).items()}
+            )
+        for kind, items in inputs.items():
+            yield Batch(workload, kind, subject.type_, items)

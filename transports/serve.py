@@ -1,10 +1,15 @@
 """``inferwire serve`` and ``inferwire proxy``: a transport's server (or the WAN-delay proxy)
 in this process, until SIGINT or SIGTERM.
 
+    python -m inferwire.transports.serve serve --transport http2 --codec protobuf
+    python -m inferwire.transports.serve proxy --upstream 127.0.0.1:8000 --delay-ms 20
+
+(the ``inferwire`` command offers the same two, through :func:`add_commands`).
+
 The first line on stdout says where it listens (``listening on HOST:PORT``, and with a
 generated test certificate ``ca=PATH`` of its CA), so a parent process that asked for port 0
 learns the port. The simulated service plays the seeded workloads of
-:mod:`inferwire.bench.workloads`.
+:mod:`inferwire.workloads`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,18 +26,9 @@ from pathlib import Path
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.codecs.delta_codec import default_registry
-from inferwire.transports.proxy import DelayProxy
+from inferwire.workloads import token_stream_source
 
-from . import workloads
-
-
-def workload_source(name: str, seed: int) -> Sequence[ic.TokenChunk]:
-    """The chunks of a token-stream workload: the service's source."""
-    try:
-        workload = workloads.get(name)
-    except (KeyError, ValueError) as exc:
-        raise KeyError(name) from exc
-    return [m for m in workload.messages(seed) if isinstance(m, ic.TokenChunk)]
+from .proxy import DelayProxy
 
 
 def _announce(host: str, port: int, extra: str = "") -> None:
@@ -49,7 +46,7 @@ async def _until_signalled(stop: asyncio.Event) -> None:
 
 async def _serve(args: argparse.Namespace) -> None:
     service = it.SimulatedService(
-        workload_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
+        token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
     )
     extra = ""
     tls = None
@@ -143,3 +140,17 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     prx.add_argument("--delay-ms", type=float, default=20.0, help="one-way delay per direction")
     prx.add_argument("--bandwidth-mbps", type=float, help="optional cap per direction")
     prx.set_defaults(run=proxy)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m inferwire.transports.serve",
+        description="one transport's server, or the WAN-delay proxy, until SIGINT or SIGTERM",
+    )
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,19 +1,22 @@
-"""Seeded, deterministic, named payloads that every test, benchmark and table uses.
+"""inferwire.workloads: seeded, deterministic, named payloads that every test, benchmark and
+table uses.
 
 ``names()`` lists them and ``get(name).messages()`` builds one: a token stream is its list of
 chunks; an embedding or tensor workload is a one-message list. The same name and seed give the
 same values on every machine (numpy's PCG64 and the standard library only).
+:func:`token_stream_source` is what the simulated service of :mod:`inferwire.transports` plays,
+and :mod:`inferwire.workloads.hostile` makes the bad inputs a peer should never send.
 
 Token streams follow Llama 3: a 128,256-token vocabulary with Zipf-distributed ids (exponent
 1.1, ranks mapped onto ids by a seeded permutation) and word-piece text from
-:mod:`inferwire.bench.vocab`; logprobs, when asked for, carry 8 significant digits as OpenAI
+:mod:`inferwire.workloads.vocab`; logprobs, when asked for, carry 8 significant digits as OpenAI
 sends them.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -234,3 +237,12 @@ def get(name: str) -> Workload:
 @functools.lru_cache(maxsize=64)
 def _built(name: str, seed: int) -> list[Message]:
     return get(name).build(seed)
+
+
+def token_stream_source(name: str, seed: int) -> Sequence[TokenChunk]:
+    """The chunks of a token-stream workload: the simulated service's source."""
+    try:
+        workload = get(name)
+    except (KeyError, ValueError) as exc:
+        raise KeyError(name) from exc
+    return [m for m in workload.messages(seed) if isinstance(m, TokenChunk)]

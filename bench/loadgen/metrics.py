@@ -1,5 +1,6 @@
 """What the load generator records: HDR histograms of latencies, counts of requests, tokens and
-errors, and CPU time. The definitions of the metrics are in :mod:`inferwire.bench.load`.
+errors, and CPU time. The definitions of the metrics are in
+:mod:`inferwire.bench.loadgen.load_command`.
 
 Latencies are fed in nanoseconds of ``time.monotonic_ns()`` and kept in HDR histograms in
 microseconds with 3 significant digits (every reported value is within 0.1% of the recorded

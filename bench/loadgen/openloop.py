@@ -1,6 +1,7 @@
-"""The open-loop engine behind ``inferwire load`` (see :mod:`inferwire.bench.load` for what it
-measures and how each metric is defined): the seeded arrival schedule, the clients it sends
-to, and the scheduler that starts each request at its intended time.
+"""The open-loop engine behind ``inferwire load`` (see
+:mod:`inferwire.bench.loadgen.load_command` for what it measures and how each metric is
+defined): the seeded arrival schedule, the clients it sends to, and the scheduler that starts
+each request at its intended time.
 
 Every stream is checked as it arrives (:class:`~inferwire.codecs.integrity.StreamVerifier`):
 in order, none lost or repeated, up to an end marker whose token count matches, and, when the
@@ -30,10 +31,10 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.codecs.integrity import StreamVerifier
 from inferwire.transports.common import DEFAULT_LIMITS, aiter_close
+from inferwire.workloads import token_stream_source
 
 from . import metrics
 from .metrics import Recorder, Slo
-from .serving import workload_source
 
 Arrival = Literal["poisson", "gamma"]
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
@@ -169,7 +170,7 @@ class LoadSpec:
         """The chunks every request of the run should receive, as the simulated service makes
         them (``None``: a workload this package does not know, served by someone else)."""
         try:
-            return list(it.SimulatedService(workload_source).chunks(self.request()))
+            return list(it.SimulatedService(token_stream_source).chunks(self.request()))
         except it.BadRequestError:
             return None
 

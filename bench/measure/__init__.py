@@ -1,0 +1,1 @@
+"""What codecs and transports are measured against: paired ratios and direct baselines."""

@@ -1,0 +1,144 @@
+"""The report's peers section, from ``raw/peers.json``: our servers beside the servers users
+deploy instead, and the target rows of that comparison."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from .results import PEERS_RAW
+from .tables import table as _table
+
+GROUP: Final = "peers"
+"""The ``benchmark.group`` of bench_peers.py's results."""
+PEER_TARGET = 1.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Row:
+    """One server of the peers table; see bench_peers.py for how each figure is measured."""
+
+    server: str
+    stack: str
+    protocol: str
+    tokens_per_s: float
+    tokens_per_server_cpu_s: float
+    itl_p50_us: float
+    itl_p99_us: float
+    itl_p999_us: float
+    tpot_mean_us: float
+    server_cpu_utilization: float
+    client_cpu_utilization: float
+    correct: bool
+    baseline: str | None = None
+    """For a peer: the inferwire server it is compared with."""
+    ratio_tokens_per_server_cpu_s: float | None = None
+    """Baseline / this server, tokens per server CPU-second (the 1.5x target)."""
+    ratio_tokens_per_s: float | None = None
+
+
+def rows(results_json_path: str | Path) -> list[Row]:
+    """The peers table from a pytest-benchmark JSON file of bench_peers.py (other benchmarks
+    in the file are skipped), in the order they ran."""
+    raw: dict[str, Any] = json.loads(Path(results_json_path).read_text())
+    table = []
+    for bench in raw.get("benchmarks", []):
+        if bench.get("group") != GROUP:
+            continue
+        info = bench["extra_info"]
+        table.append(
+            Row(
+                server=info["server"],
+                stack=info["stack"],
+                protocol=info["protocol"],
+                tokens_per_s=info["tokens_per_s"],
+                tokens_per_server_cpu_s=info["tokens_per_server_cpu_s"],
+                itl_p50_us=info["itl_p50_us"],
+                itl_p99_us=info["itl_p99_us"],
+                itl_p999_us=info["itl_p999_us"],
+                tpot_mean_us=info["tpot_mean_us"],
+                server_cpu_utilization=info["server_cpu_utilization"],
+                client_cpu_utilization=info["client_cpu_utilization"],
+                correct=info["correct"],
+                baseline=info.get("baseline"),
+                ratio_tokens_per_server_cpu_s=info.get("ratio_tokens_per_server_cpu_s"),
+                ratio_tokens_per_s=info.get("ratio_tokens_per_s"),
+            )
+        )
+    return table
+
+
+def target_rows(raw_dir: Path) -> list[list[str]]:
+    path = raw_dir / PEERS_RAW
+    if not path.exists():
+        return []
+    out = []
+    for row in rows(path):
+        if row.baseline is None or row.ratio_tokens_per_server_cpu_s is None:
+            continue
+        ratio = row.ratio_tokens_per_server_cpu_s
+        out.append(
+            [
+                f"`{row.baseline}` vs {row.stack} ({row.protocol})",
+                "tokens per server CPU-second, paired",
+                f"{ratio:.2f}x",
+                f">= {PEER_TARGET:g}x",
+                "met" if ratio >= PEER_TARGET else "**missed**",
+            ]
+        )
+    return out
+
+
+def section(raw_dir: Path) -> str:
+    """The report's peers section ("" if the run has none)."""
+    path = raw_dir / PEERS_RAW
+    if not path.exists():
+        return ""
+    table = rows(path)
+    if not table:
+        return ""
+    return "\n".join(
+        [
+            "## Against what users deploy instead",
+            "",
+            "The same SSE token stream (`stream-256`, `orjson`, no pacing, 16 streams at once) "
+            "from our servers and from Starlette's `StreamingResponse` under uvicorn (HTTP/1.1, "
+            "httptools) and Hypercorn (HTTP/2, h2c). Each server is pinned to one core and the "
+            "client to the other. *per core*: output tokens per CPU-second of the server "
+            "process. *gap*: time between successive chunks at the client, P50 / P99 in us. "
+            "Notes: Hypercorn buffers a stream's output and sends it in frames of up to 16 KiB, "
+            "so its tokens arrive in bursts (see its P99 gap and TPOT); ours write every chunk "
+            "that is due at once, so a paced stream is not delayed.",
+            "",
+            _table(
+                [
+                    "server",
+                    "protocol",
+                    "tokens/s",
+                    "per core",
+                    "gap P50 / P99",
+                    "TPOT",
+                    "vs ours",
+                    "correct",
+                ],
+                [
+                    [
+                        f"`{r.server}`",
+                        r.protocol,
+                        f"{r.tokens_per_s:,.0f}",
+                        f"{r.tokens_per_server_cpu_s:,.0f}",
+                        f"{r.itl_p50_us:,.1f} / {r.itl_p99_us:,.1f}",
+                        f"{r.tpot_mean_us:,.1f} us",
+                        f"{r.ratio_tokens_per_server_cpu_s:.2f}x"
+                        if r.ratio_tokens_per_server_cpu_s is not None
+                        else "",
+                        "yes" if r.correct else "**no**",
+                    ]
+                    for r in table
+                ],
+            ),
+            "",
+        ]
+    )

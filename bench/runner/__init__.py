@@ -1,0 +1,1 @@
+"""The ``inferwire`` command: run the suites, rebuild the report, serve, proxy, load."""
