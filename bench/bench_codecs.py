@@ -235,7 +235,7 @@ def bench_delta_round_trip(benchmark: Any, workload: str, path: str) -> None:
     if path == "accelerated" and not delta_codec.accelerated():
         pytest.skip("the delta codec's C extension is not built, or INFERWIRE_PURE_PYTHON is set")
     messages = workloads.get(workload).messages()
-    delta = ic.get("delta") if path == "accelerated" else delta_codec.DeltaCodec(pure_python=True)
+    delta = ic.get("delta") if path == "accelerated" else ic.get("delta", pure_python=True)
     orjson_codec = ic.get("orjson")
 
     def stream_round_trip(codec: ic.Codec) -> list[Any]:
