@@ -40,20 +40,13 @@ from ..streams import ChunkReader
 from ..timing import TRAILER, StreamTiming, now_ns, unpack_text
 from .flow import WINDOW_BYTES, FlowControl, Writer, h2_connection
 
-
-class _StreamClosedError(ProtocolError):
-    """h2's StreamClosedError while sending a request, caught in :meth:`Http2Client._open`."""
-
-
 _ERRORS: Final[ErrorMap] = {h2.exceptions.H2Error: ProtocolError}
 """h2's own exceptions, as the client meets them; socket errors are mapped in common."""
 _SEND_ERRORS: Final[ErrorMap] = {
-    h2.exceptions.StreamClosedError: _StreamClosedError,
     **_ERRORS,
     ConnectionResetError: StreamTruncatedError,  # FlowControl.send: the connection went
 }
-"""While a request is sent: a stream the server already closed is not a failure yet (see
-:meth:`Http2Client._open`)."""
+"""While a request is sent."""
 
 
 class _ClientStream:
@@ -253,33 +246,31 @@ class Http2Client(Client):
             raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
         protocol = await self._connection()
         conn = protocol.conn
-        try:
-            with map_exceptions("http2", _ERRORS):
-                stream_id = conn.get_next_available_stream_id()
-            stream = _ClientStream()
-            protocol.streams[stream_id] = stream
-            with map_exceptions("http2", _SEND_ERRORS):
-                conn.send_headers(
-                    stream_id,
-                    [
-                        (":method", "POST"),
-                        (":scheme", self._scheme),
-                        (":authority", self._authority),
-                        (":path", path),
-                        ("content-type", content_type),
-                        ("accept", accept),
-                        ("content-length", str(len(body))),
-                    ],
-                )
-                assert protocol.writer is not None
-                await protocol.flow.send(
-                    conn, protocol.flush, protocol.writer, stream_id, body, True
-                )
-        except _StreamClosedError:
-            # the server answered (and closed the stream) before taking the whole body, as it
-            # does with 413: its answer is what the caller reads next
-            if stream.headers is None and stream.failure is None:
-                stream.failure = ProtocolError("http2: stream closed before the request was sent")
+        with map_exceptions("http2", _ERRORS):
+            stream_id = conn.get_next_available_stream_id()
+        stream = _ClientStream()
+        protocol.streams[stream_id] = stream
+        headers = [
+            (":method", "POST"),
+            (":scheme", self._scheme),
+            (":authority", self._authority),
+            (":path", path),
+            ("content-type", content_type),
+            ("accept", accept),
+            ("content-length", str(len(body))),
+        ]
+        writer = protocol.writer
+        assert writer is not None
+        with map_exceptions("http2", _SEND_ERRORS):
+            try:
+                conn.send_headers(stream_id, headers)
+                await protocol.flow.send(conn, protocol.flush, writer, stream_id, body, True)
+            except h2.exceptions.StreamClosedError:
+                # the server answered (and closed the stream) before taking the whole body, as
+                # it does with 413: its answer is what the caller reads next
+                if stream.headers is None and stream.failure is None:
+                    failure = ProtocolError("http2: stream closed before the request was sent")
+                    stream.failure = failure
         return protocol, stream_id, stream
 
     async def _wait(self, stream: _ClientStream) -> None:
