@@ -33,6 +33,7 @@ import inferwire.codecs as ic
 from inferwire.schemas import inferwire_pb2 as pb
 
 from . import grpc_envelope as envelope
+from . import kserve_grpc
 from .base import Client, Server
 from .common import translate
 from .errors import (
@@ -115,7 +116,10 @@ class GrpcServer(Server):
             "Generate": grpc.unary_stream_rpc_method_handler(self._generate),
             "Session": grpc.stream_stream_rpc_method_handler(self._session),
         }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        kserve = kserve_grpc.KServeGrpc(self.service)  # KServe v2 / Open Inference Protocol
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, handlers), kserve.handler())
+        )
         target = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         if self.tls is not None:
             credentials = grpc.ssl_server_credentials([(self.tls.key_pem, self.tls.cert_chain_pem)])
