@@ -4,10 +4,16 @@ Each framer is sans-IO and knows nothing of a message's format: it is given the 
 ``encode``/``decode`` functions for one message. Every stream ends with an explicit marker, so a
 stream cut short is never taken for a complete one.
 
-Binary frames (after gRPC's 5-byte message prefix, https://github.com/grpc/grpc/blob/master/
-doc/PROTOCOL-HTTP2.md): one kind byte, a 4-byte big-endian payload length, the payload.
-Kind 0 carries one message; kind 1 ends the stream and its 8-byte big-endian payload is the
-number of messages sent, which the decoder checks.
+Binary frames are inferwire's own: one kind byte, a 4-byte big-endian payload length, the
+payload. The 5-byte header has the layout of gRPC's length-prefixed message
+(https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md) but is not gRPC's: its first
+byte is a frame kind, not gRPC's compressed flag, and these frames never travel inside gRPC
+(gRPC carries a codec's message stream, below). Kind 0 carries one message; kind 1 ends the
+stream, and its payload is exactly 8 bytes: the number of messages sent, big-endian, which the
+decoder checks. A fixed-width count rather than the schema's protobuf ``StreamEnd``: the end
+frame is then checked from its header alone (length 8, nothing else), and the framing stays
+independent of every message format, as the same end closes a MessagePack, FlatBuffers or
+tensor stream. Any other kind byte is refused.
 
 Transports that carry whole messages (gRPC) take a codec's *message* stream instead
 (:meth:`~inferwire.codecs.Codec.message_encoder`): for a codec whose chunks are independent

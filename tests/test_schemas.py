@@ -6,17 +6,20 @@ import re
 from pathlib import Path
 
 import pytest
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool
 
 import inferwire.schemas
 from inferwire.codecs import protobuf_codec
 from inferwire.schemas import generate
 from inferwire.schemas import inferwire_pb2 as pb
+from inferwire.schemas.kserve import inference_pb2 as kserve_pb
 
 SCHEMAS = Path(inferwire.schemas.__file__).resolve().parent
 PROTO_OUTPUTS = ["inferwire_pb2.py", "inferwire_pb2.pyi", "inferwire_pb2_grpc.py"]
 # The delta codec's schema versions, shipped as descriptor sets (the registry stores them).
 DELTA_OUTPUTS = ["delta_v1.binpb", "delta_v2.binpb"]
+# The KServe v2 / Open Inference Protocol's gRPC messages.
+KSERVE_OUTPUTS = [f"{generate.KSERVE}/{name}" for name in generate.KSERVE_OUTPUTS]
 
 
 def _fb_files(root: Path) -> set[str]:
@@ -35,13 +38,15 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_generate_writes_every_committed_module(regenerated: Path) -> None:
-    for name in [*PROTO_OUTPUTS, *DELTA_OUTPUTS]:
+    for name in [*PROTO_OUTPUTS, *DELTA_OUTPUTS, *KSERVE_OUTPUTS]:
         assert (regenerated / name).is_file(), name
     assert _fb_files(regenerated) == _fb_files(SCHEMAS)
     assert "fb/Envelope.py" in _fb_files(SCHEMAS)
 
 
-@pytest.mark.parametrize("name", [*PROTO_OUTPUTS, *DELTA_OUTPUTS, *sorted(_fb_files(SCHEMAS))])
+@pytest.mark.parametrize(
+    "name", [*PROTO_OUTPUTS, *DELTA_OUTPUTS, *KSERVE_OUTPUTS, *sorted(_fb_files(SCHEMAS))]
+)
 def test_committed_generated_code_is_what_the_generators_write(
     regenerated: Path, name: str
 ) -> None:
@@ -130,3 +135,13 @@ def test_delta_v2_is_v1_plus_usage() -> None:
     assert list(frame_v2.field)[: len(frame_v1.field)] == list(frame_v1.field)
     (usage,) = list(frame_v2.field)[len(frame_v1.field) :]
     assert (usage.name, usage.number, usage.type_name) == ("usage", 8, ".inferwire.delta.Usage")
+
+
+def test_the_kserve_messages_live_in_a_pool_of_their_own() -> None:
+    """tritonclient.grpc defines the same ``inference.*`` names in the default pool: a process
+    may import both only if ours are elsewhere."""
+    assert kserve_pb.DESCRIPTOR.package == "inference"
+    assert kserve_pb.DESCRIPTOR.pool is not descriptor_pool.Default()
+    with pytest.raises(KeyError):
+        descriptor_pool.Default().FindFileByName(kserve_pb.DESCRIPTOR.name)
+    assert kserve_pb.DESCRIPTOR.GetOptions().ListFields() == []

@@ -91,3 +91,8 @@ class BadRequestError(ValueError):
     """A request the service cannot answer: transports send it back as 400 /
     ``INVALID_ARGUMENT`` and keep serving. Not a :class:`TransportError`: nothing failed to
     move, the request itself is wrong."""
+
+
+class NotFoundError(BadRequestError):
+    """A request that names what the server does not have (a model version): HTTP 404, gRPC
+    ``NOT_FOUND``."""

@@ -33,6 +33,7 @@ import inferwire.codecs as ic
 from inferwire.schemas import inferwire_pb2 as pb
 
 from . import grpc_envelope as envelope
+from . import kserve_grpc
 from .base import Client, Server
 from .common import translate
 from .errors import (
@@ -47,12 +48,14 @@ from .errors import (
     TransportTimeoutError,
 )
 from .grpc_envelope import RequestKind, ResponseKind
+from .grpc_standard import StandardServices
 from .service import GenerateRequest, TokenStream
 from .streams import ChunkReader, stream_frames
 from .timing import TRAILER, ServerStamps, StreamTiming, now_ns, unpack
 
 TRAILER_BIN: Final = TRAILER + "-bin"
-SERVICE: Final = pb.DESCRIPTOR.services_by_name["Inference"].full_name
+INFERENCE: Final = pb.DESCRIPTOR.services_by_name["Inference"]
+SERVICE: Final = INFERENCE.full_name
 
 
 def _path(method: str) -> str:
@@ -105,6 +108,7 @@ class GrpcServer(Server):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._grpc: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
+        self._standard: StandardServices | None = None
 
     async def start(self) -> tuple[str, int]:
         server = grpc.aio.server(
@@ -115,7 +119,12 @@ class GrpcServer(Server):
             "Generate": grpc.unary_stream_rpc_method_handler(self._generate),
             "Session": grpc.stream_stream_rpc_method_handler(self._session),
         }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        kserve = kserve_grpc.KServeGrpc(self.service)  # KServe v2 / Open Inference Protocol
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, handlers), kserve.handler())
+        )
+        self._standard = StandardServices([INFERENCE, kserve_grpc.DESCRIPTOR])
+        await self._standard.add(server)  # health and reflection
         target = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         if self.tls is not None:
             credentials = grpc.ssl_server_credentials([(self.tls.key_pem, self.tls.cert_chain_pem)])
@@ -138,6 +147,8 @@ class GrpcServer(Server):
 
     async def stop(self) -> None:
         server, self._grpc = self._grpc, None
+        if self._standard is not None:
+            await self._standard.stopping()
         if server is not None:
             await server.stop(grace=1.0)
         self._stopped.set()
