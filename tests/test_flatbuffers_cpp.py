@@ -10,6 +10,7 @@ model objects from them and compares them with what the codec encoded, floats bi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -28,6 +29,7 @@ import inferwire.codecs as ic
 import inferwire.schemas
 from inferwire.codecs.model import DATATYPES
 from inferwire.workloads import token_stream_source
+from tests.test_flatbuffers import FULL_CHUNK
 
 SCHEMA = Path(inferwire.schemas.__file__).resolve().parent / "inferwire.fbs"
 READER_SOURCE = Path(__file__).resolve().parent / "flatbuffers_cpp" / "read_inferwire.cpp"
@@ -224,54 +226,34 @@ def _tensor(name: str, datatype: str, values: Any, shape: tuple[int, ...]) -> ic
     return ic.Tensor(name=name, datatype=datatype, shape=shape, data=data)
 
 
-def _bytes_tensor(name: str, elements: list[bytes]) -> ic.Tensor:
-    data = np.empty(len(elements), dtype=object)
-    data[:] = elements
-    return ic.Tensor(name=name, datatype="BYTES", shape=(len(elements),), data=data)
-
-
-CHUNK = ic.TokenChunk(
-    id="chatcmpl-7",
-    model="meta-llama/Llama-3.1-8B-Instruct",
-    created=-(2**63),
-    index=2**32 - 1,
-    seq=2**64 - 1,
-    token_ids=(0, 42, 128_000, 2**32 - 1),
-    text=' café 東京 😊 "quoted" \\ \n\t\x00',
+# FULL_CHUNK's extremes (int64, uint32 and uint64 limits, non-ASCII text), and text the C++
+# program must escape, and floats whose bits a careless reader loses: -0.0, subnormal, -inf.
+CHUNK = dataclasses.replace(
+    FULL_CHUNK,
+    text=FULL_CHUNK.text + ' "quoted" \\ \n\t\x00',
     logprobs=(
         ic.TokenLogprob(
             token=" café",
             logprob=-0.0,
             top=(
-                ic.TopLogprob(token=" café", logprob=-0.0),
                 ic.TopLogprob(token="😊", logprob=-9.5e-300),
                 ic.TopLogprob(token="", logprob=float("-inf")),
             ),
         ),
         ic.TokenLogprob(token="x", logprob=-1 / 3, top=()),
     ),
-    finish_reason="stop",
-    usage=ic.Usage(prompt_tokens=2**32 - 1, completion_tokens=0),
 )
-BARE_CHUNK = ic.TokenChunk(
-    id="",
-    model="m",
-    created=0,
-    index=0,
-    seq=0,
-    token_ids=(),
-    text="",
-    logprobs=(),  # requested, none in this step: present and empty
-    finish_reason=None,
-    usage=None,
-)
+# Every field at its default, so absent from the buffer; logprobs present but empty (requested,
+# none in this step), which a reader must tell from absent.
+_ABSENT: dict[str, Any] = dict(id="", model="", created=0, index=0, seq=0, token_ids=(), text="")
+BARE_CHUNK = dataclasses.replace(FULL_CHUNK, **_ABSENT, logprobs=(), finish_reason=None, usage=None)
 TENSORS = (
     _tensor("image", "FP32", [0.5, -0.0, float("inf"), 1e-45, -3.4e38, 7.0], (1, 2, 3)),
     _tensor("ids", "INT64", [-(2**63), 2**63 - 1, 0], (3,)),
     _tensor("half", "FP16", [1.5, -2.0], (2, 1)),
     _tensor("mask", "BOOL", [True, False, True], (3,)),
     _tensor("empty", "UINT8", [], (0, 4)),
-    _bytes_tensor("prompts", [b"hello", b"", b"\xff\x00 not utf-8"]),
+    _tensor("prompts", "BYTES", [b"hello", b"", b"\xff\x00 not utf-8"], (3,)),
 )
 MESSAGES: dict[str, ic.Message] = {
     "token chunk": CHUNK,

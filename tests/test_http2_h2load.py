@@ -41,7 +41,7 @@ _SUMMARY = re.compile(
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True)
 class Summary:
     """h2load's ``requests:`` line."""
 
@@ -56,15 +56,7 @@ class Summary:
 def parse_summary(output: str) -> Summary:
     match = _SUMMARY.search(output)
     assert match is not None, f"no summary line in h2load's output:\n{output}"
-    total, started, done, succeeded, failed, errored = map(int, match.groups())
-    return Summary(
-        total=total,
-        started=started,
-        done=done,
-        succeeded=succeeded,
-        failed=failed,
-        errored=errored,
-    )
+    return Summary(*map(int, match.groups()))
 
 
 def test_parse_summary_reads_h2load_1_52() -> None:
