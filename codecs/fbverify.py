@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, NoReturn
 
 from .errors import VerificationError
 
@@ -278,6 +278,24 @@ class Verified(NamedTuple):
     """Position of each string field (of its offset) -> the string, decoded."""
 
 
+def _refuse_header(buf: Buffer, declared: int) -> NoReturn:
+    """Say what is wrong with the first 12 bytes: most often, a buffer written without the
+    size prefix (``Finish``, not ``FinishSizePrefixed``), whose identifier is at bytes 4-8. Read
+    as prefixed, its root offset would be the size and ``IWF1`` the root offset (826 million:
+    no buffer of ours has its root that far), so the two layouts cannot be confused."""
+    if bytes(buf[4:8]) == FILE_IDENTIFIER:
+        raise VerificationError(
+            f"no size prefix: file identifier {FILE_IDENTIFIER!r} at bytes 4-8, where a buffer "
+            "written without one has it; inferwire's FlatBuffers are size-prefixed (a 4-byte "
+            "little-endian size first, as FinishSizePrefixed writes and flatc --size-prefixed "
+            "reads)"
+        )
+    size = len(buf)
+    if declared != size - 4:
+        raise VerificationError(f"buffer declares {declared} bytes after its size, has {size - 4}")
+    raise VerificationError(f"file identifier {bytes(buf[8:12])!r}, not {FILE_IDENTIFIER!r}")
+
+
 def verify_envelope(
     buf: Buffer,
     payload: str,
@@ -287,9 +305,10 @@ def verify_envelope(
 ) -> Verified:
     """Verify ``buf`` as a size-prefixed ``Envelope`` carrying a ``payload`` table.
 
-    The size prefix (``FinishSizePrefixed``) must match ``len(buf)``: a FlatBuffer may end in
-    padding nothing points to, so without it a truncated buffer could pass for a whole one.
-    ``buf`` is bytes, bytearray or a memoryview of format ``B``. Raises
+    The layout (``FinishSizePrefixed``): bytes 0-4 the size of the rest, 4-8 the root offset
+    (from byte 4), 8-12 the file identifier ``IWF1``. The size must match ``len(buf)``: a
+    FlatBuffer may end in padding nothing points to, so without it a truncated buffer could
+    pass for a whole one. ``buf`` is bytes, bytearray or a memoryview of format ``B``. Raises
     :class:`VerificationError`.
     """
     size = len(buf)
@@ -298,10 +317,8 @@ def verify_envelope(
     if size > MAX_BUFFER_BYTES:
         raise VerificationError(f"{size} bytes: over the FlatBuffers limit of 2 GiB")
     (declared,) = _U32(buf, 0)
-    if declared != size - 4:
-        raise VerificationError(f"buffer declares {declared} bytes after its size, has {size - 4}")
-    if bytes(buf[8:12]) != FILE_IDENTIFIER:
-        raise VerificationError(f"file identifier {bytes(buf[8:12])!r}, not {FILE_IDENTIFIER!r}")
+    if declared != size - 4 or bytes(buf[8:12]) != FILE_IDENTIFIER:
+        _refuse_header(buf, declared)
     verifier = _Verifier(buf, min(max_items, size // 2), max_depth)
     root = verifier.offset(4, "root")
     verifier.table(root, "Envelope", 1)

@@ -1,7 +1,8 @@
 """``flatbuffers``: the model in ``schemas/inferwire.fbs``, read in place (zero copy).
 
 Encoding builds an ``Envelope`` with the generated builder functions, size-prefixed so that a
-truncated buffer is never taken for a whole one; tensor data and embedding vectors are written
+truncated buffer is never taken for a whole one (identifier ``IWF1``; the byte layout is in
+``schemas/inferwire.fbs``); tensor data and embedding vectors are written
 in one bulk copy, 16-byte aligned, so a reader can view them in place.
 
 Decoding verifies the whole buffer first (:mod:`inferwire.codecs.fbverify`: O(fields), not

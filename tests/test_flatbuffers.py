@@ -490,13 +490,16 @@ def test_bad_envelopes_are_refused() -> None:
 # -- hand-built buffers ---------------------------------------------------------------------
 
 
-def envelope(build: Callable[[Any], int], payload_type: int) -> bytes:
+def envelope(
+    build: Callable[[Any], int], payload_type: int, *, size_prefixed: bool = True
+) -> bytes:
     builder = flatbuffers.Builder(1024)
     payload = build(builder)
     fb.Envelope.Start(builder)
     fb.Envelope.AddPayloadType(builder, payload_type)
     fb.Envelope.AddPayload(builder, payload)
-    builder.FinishSizePrefixed(fb.Envelope.End(builder), file_identifier=FILE_IDENTIFIER)
+    finish = builder.FinishSizePrefixed if size_prefixed else builder.Finish
+    finish(fb.Envelope.End(builder), file_identifier=FILE_IDENTIFIER)
     return bytes(builder.Output())
 
 
@@ -505,6 +508,31 @@ def offsets_vector(builder: Any, offsets: list[int]) -> int:
     for offset in reversed(offsets):
         builder.PrependUOffsetTRelative(offset)
     return int(builder.EndVector())
+
+
+def test_a_buffer_without_the_size_prefix_is_refused_as_such() -> None:
+    """FlatBuffers builders write no size prefix unless asked (``Finish``, not
+    ``FinishSizePrefixed``): such a buffer, ours without its first four bytes or one built
+    with ``Finish``, is refused with an error that says what is missing, not a size mismatch."""
+
+    def build(b: Any) -> int:
+        text = b.CreateString("hi")
+        fb.TokenChunk.Start(b)
+        fb.TokenChunk.AddText(b, text)
+        fb.TokenChunk.AddSeq(b, 3)
+        return int(fb.TokenChunk.End(b))
+
+    built = envelope(build, PAYLOAD.TokenChunk)
+    assert CODEC.decode(built, TokenChunk).text == "hi"
+    unprefixed = [encoded("chunk-full")[4:], envelope(build, PAYLOAD.TokenChunk)[4:]]
+    unprefixed.append(envelope(build, PAYLOAD.TokenChunk, size_prefixed=False))
+    for data in unprefixed:
+        assert data[4:8] == FILE_IDENTIFIER
+        with pytest.raises(VerificationError, match=r"no size prefix.*size-prefixed"):
+            CODEC.decode(data, TokenChunk)
+    # a size-prefixed buffer of the wrong size is still told as one
+    with pytest.raises(VerificationError, match="declares"):
+        CODEC.decode(built + b"\x00", TokenChunk)
 
 
 def shared_logprobs(tokens: int, alternatives: int) -> bytes:

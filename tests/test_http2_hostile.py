@@ -275,7 +275,7 @@ def test_frame_guard_verdict_does_not_depend_on_how_bytes_arrive(
 
 def test_http2_rapid_reset_is_bounded_and_calmed() -> None:
     """10,000 requests each reset at once: handlers of reset streams are cancelled, never more
-    than MAX_CONCURRENT_STREAMS run at once, and the server sends GOAWAY(ENHANCE_YOUR_CALM)."""
+    than MAX_HANDLERS run at once, and the server sends GOAWAY(ENHANCE_YOUR_CALM)."""
     pairs = 10_000
     body = orjson.dumps({"workload": "stream-16", "stream": True})
     content_type = hpack_literal(b"content-type", b"application/json", index=False)
@@ -306,7 +306,7 @@ def test_http2_rapid_reset_is_bounded_and_calmed() -> None:
             elapsed_s = time.monotonic() - started
             assert peer.protocol.shut_code == Codes.ENHANCE_YOUR_CALM
             assert goaway_codes(data) == [Codes.ENHANCE_YOUR_CALM]
-            assert 1 <= _server(srv).handlers_peak <= http2.MAX_CONCURRENT_STREAMS
+            assert 1 <= _server(srv).handlers_peak <= http2.MAX_HANDLERS
             # the budget (a burst, then a rate), and GOAWAY at once after it
             assert (
                 peer.protocol.resets <= http2.RESET_BURST + elapsed_s * http2.RESET_RATE_PER_S + 1
@@ -317,43 +317,108 @@ def test_http2_rapid_reset_is_bounded_and_calmed() -> None:
     asyncio.run(run())
 
 
-def test_http2_streams_past_the_limit_are_refused() -> None:
-    """h2 forgets a stream when the peer resets it, but its handler takes a moment to end: a
-    new stream in that moment would make MAX_CONCURRENT_STREAMS + 1 handlers. It is refused
-    (RST_STREAM(REFUSED_STREAM): not processed, safe to retry) and the connection goes on."""
-    body = orjson.dumps({"workload": "stream-16", "stream": True})
-    content_type = hpack_literal(b"content-type", b"application/json", index=False)
+_STREAM_BODY = orjson.dumps({"workload": "stream-16", "stream": True})
+_CONTENT_TYPE = hpack_literal(b"content-type", b"application/json", index=False)
+
+
+def _stream_request(stream_id: int) -> bytes:
+    """A whole streaming request: HEADERS, then its JSON body with END_STREAM."""
+    block = request_block("POST", "/v1/chat/completions", _CONTENT_TYPE)
+    return serialize(
+        headers_frame(stream_id, block, ["END_HEADERS"]),
+        DataFrame(stream_id, _STREAM_BODY, flags=["END_STREAM"]),
+    )
+
+
+def _resets(stream_ids: Sequence[int]) -> bytes:
+    return serialize(*(RstStreamFrame(sid, error_code=Codes.CANCEL) for sid in stream_ids))
+
+
+def _client_ids(first: int, count: int) -> list[int]:
+    """The ids of the client's streams number ``first`` to ``first + count - 1``."""
+    return [2 * n + 1 for n in range(first, first + count)]
+
+
+@contextlib.asynccontextmanager
+async def _limit_open(srv: Running) -> AsyncIterator[Peer]:
+    """A raw peer with MAX_CONCURRENT_STREAMS streams open whose handlers all run (a long
+    prefill): the stream limit is reached."""
+    limit = http2.MAX_CONCURRENT_STREAMS
+    async with raw_peer(srv) as peer:
+        await peer.send(b"".join(_stream_request(sid) for sid in _client_ids(0, limit)))
+        assert await wait_until(lambda: srv.service.active_streams == limit)
+        yield peer
+
+
+def test_http2_reset_streams_leave_the_stream_count_at_once() -> None:
+    """RFC 9113, 5.1.2: open and half-closed streams count, closed ones do not. With the limit
+    reached, streams the peer resets free their places at once, although their handlers take a
+    moment to end: new streams in that moment are served, not refused."""
     limit = http2.MAX_CONCURRENT_STREAMS
 
-    def request(stream_id: int) -> bytes:
-        block = request_block("POST", "/v1/chat/completions", content_type)
-        return serialize(
-            headers_frame(stream_id, block, ["END_HEADERS"]),
-            DataFrame(stream_id, body, flags=["END_STREAM"]),
-        )
+    async def run() -> None:
+        async with serving("http2", prefill_s=60.0) as srv, _limit_open(srv) as peer:
+            reset, new = _client_ids(0, 5), _client_ids(limit, 5)
+            # One call, as one read of the socket would make it (a write may reach the server
+            # in pieces): no reset stream's handler can have ended before the new streams come.
+            peer.protocol.data_received(_resets(reset) + b"".join(map(_stream_request, new)))
+            assert _server(srv).handlers_peak == limit + 5
+            assert await wait_until(lambda: srv.service.active_streams == limit)
+            assert not set(reset_codes(bytes(peer.received))) & set(new)
+            assert (peer.protocol.refusals, peer.protocol.resets) == (0, 5)
+            assert not peer.protocol.transport.is_closing()
+
+    asyncio.run(run())
+
+
+def test_http2_handlers_past_the_bound_are_refused_outside_the_reset_budget() -> None:
+    """The Rapid Reset bound: at most MAX_HANDLERS handlers run, those of reset streams still
+    ending included. A stream past it is refused (RST_STREAM(REFUSED_STREAM): not processed,
+    safe to retry); the refusal is not the peer's reset and does not spend its budget; once
+    the handlers have ended, new streams are served again."""
+    limit = http2.MAX_CONCURRENT_STREAMS
 
     async def run() -> None:
-        async with serving("http2", prefill_s=60.0) as srv, raw_peer(srv) as peer:
-            await peer.send(b"".join(request(2 * n + 1) for n in range(limit)))
-            assert await wait_until(lambda: srv.service.active_streams == limit)
-            reset = [2 * n + 1 for n in range(5)]
-            new = [2 * (limit + n) + 1 for n in range(5)]
-            # one write: the new streams arrive before the reset streams' handlers have ended
-            await peer.send(
-                serialize(*(RstStreamFrame(sid, error_code=Codes.CANCEL) for sid in reset))
-                + b"".join(request(sid) for sid in new)
+        async with serving("http2", prefill_s=60.0) as srv, _limit_open(srv) as peer:
+            replacing, past = _client_ids(limit, limit), _client_ids(2 * limit, 5)
+            # In one call (see above): every open stream reset and replaced, so MAX_HANDLERS
+            # handlers run (half of them ending); then 5 of the new ones reset and 5 more opened,
+            # within the stream limit but past the handlers' bound.
+            peer.protocol.data_received(
+                _resets(_client_ids(0, limit))
+                + b"".join(map(_stream_request, replacing))
+                + _resets(replacing[:5])
+                + b"".join(map(_stream_request, past))
             )
-            await peer.read_until(serialize(RstStreamFrame(new[-1], error_code=7)))
+            await peer.read_until(serialize(RstStreamFrame(past[-1], error_code=7)))
             refused = reset_codes(bytes(peer.received))
-            assert {sid: refused.get(sid) for sid in new} == dict.fromkeys(
-                new, Codes.REFUSED_STREAM
+            assert {sid: refused.get(sid) for sid in past} == dict.fromkeys(
+                past, Codes.REFUSED_STREAM
             )
+            assert _server(srv).handlers_peak == http2.MAX_HANDLERS
+            assert (peer.protocol.refusals, peer.protocol.resets) == (5, limit + 5)
             assert await wait_until(lambda: srv.service.active_streams == limit - 5)
-            assert _server(srv).handlers_peak == limit
-            # the handlers have ended now: a new stream is served
-            await peer.send(request(2 * (limit + 5) + 1))
+            # the reset streams' handlers have ended: a new stream is served
+            await peer.send(_stream_request(_client_ids(2 * limit + 5, 1)[0]))
             assert await wait_until(lambda: srv.service.active_streams == limit - 4)
             assert not peer.protocol.transport.is_closing()
+
+    asyncio.run(run())
+
+
+def test_http2_a_stream_past_the_advertised_limit_ends_the_connection() -> None:
+    """A peer that opens MAX_CONCURRENT_STREAMS + 1 streams breaks RFC 9113, 5.1.2: h2 takes
+    it as a connection error (GOAWAY(PROTOCOL_ERROR)), as section 5.4.1 allows; others are
+    served."""
+    limit = http2.MAX_CONCURRENT_STREAMS
+
+    async def run() -> None:
+        async with serving("http2", prefill_s=60.0) as srv, _limit_open(srv) as peer:
+            await peer.send(_stream_request(_client_ids(limit, 1)[0]))
+            data = await peer.read_until_closed()
+            assert goaway_codes(data) == [Codes.PROTOCOL_ERROR]
+            await assert_freed(srv)
+            await assert_serves("http2", srv.address, stream=False)
 
     asyncio.run(run())
 

@@ -7,10 +7,19 @@ cancels its handler.
 The server defends itself against hostile peers where h2 leaves that to the application (the
 frame-level checks are in :mod:`inferwire.transports.h2guard`):
 
-* Rapid Reset (CVE-2023-44487): no more than ``MAX_CONCURRENT_STREAMS`` handlers run at once,
-  counting those of reset streams until they have ended; a stream past that is refused
-  (RST_STREAM REFUSED_STREAM), and a peer that resets or is refused faster than
-  ``RESET_RATE_PER_S`` (after a burst of ``RESET_BURST``) is sent GOAWAY(ENHANCE_YOUR_CALM);
+* streams are counted against the advertised ``MAX_CONCURRENT_STREAMS`` as RFC 9113, section
+  5.1.2 counts them: open and half-closed ones. h2 keeps that count (a stream whose response
+  ended, both sides closed, leaves it at once, whatever its handler still does), and a peer that
+  opens one more breaks the protocol: h2 ends the connection with GOAWAY(PROTOCOL_ERROR), the
+  stream error made a connection error as section 5.4.1 allows;
+* Rapid Reset (CVE-2023-44487): a stream the peer resets leaves that count at once, but its
+  handler runs until the cancellation reaches it, so a peer that opens and resets streams
+  could keep any number running. No more than ``MAX_HANDLERS`` (twice the stream limit: every
+  stream a client may have open, and as many reset ones still ending) run at once; a stream
+  past that is refused (RST_STREAM(REFUSED_STREAM): not processed, safe to retry, section 8.7),
+  and a peer that resets streams faster than ``RESET_RATE_PER_S`` (after a burst of
+  ``RESET_BURST``) is sent GOAWAY(ENHANCE_YOUR_CALM). Only the peer's resets spend that budget:
+  a refusal is the server's doing, and refusals happen only while reset streams are ending;
 * a peer that does not read: h2's own answers (PING and SETTINGS ACKs) and our refusals queued
   while the socket is backed up are capped at ``CONTROL_BYTES_CAP``; a sender that waits on a
   backed-up socket or on a stream window gives up after the limits' ``timeout_s`` (the stream is
@@ -23,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, cast
 
 import h2.config
 import h2.connection
@@ -45,6 +54,11 @@ from .flow import WINDOW_BYTES, FlowControl, Writer, h2_connection
 _log = logging.getLogger(__name__)
 
 MAX_CONCURRENT_STREAMS: Final = 256
+"""SETTINGS_MAX_CONCURRENT_STREAMS, as advertised: open and half-closed streams (RFC 9113,
+5.1.2)."""
+MAX_HANDLERS: Final = 2 * MAX_CONCURRENT_STREAMS
+"""Stream handlers one connection may run at once: those of the streams a client may have
+open, and as many again of streams it reset whose handlers have not ended yet."""
 MAX_HEADER_LIST_BYTES: Final = 16 * 1024
 MAX_HEADER_BLOCK_BYTES: Final = 2 * MAX_HEADER_LIST_BYTES
 """Largest compressed header block (HEADERS + CONTINUATION) taken in: HPACK never makes a
@@ -53,8 +67,8 @@ MAX_IDLE_FRAMES: Final = 10_000
 """PING, SETTINGS, PRIORITY and empty DATA frames in a row, with no request moving forward."""
 RESET_BURST: Final = 1000
 RESET_RATE_PER_S: Final = 100.0
-"""Streams the peer may reset (or have refused) in a burst, and per second after it: far more
-than a client that cancels what it no longer needs, far fewer than a Rapid Reset attack."""
+"""Streams the peer may reset in a burst, and per second after it: far more than a client that
+cancels what it no longer needs, far fewer than a Rapid Reset attack."""
 CONTROL_BYTES_CAP: Final = 1 << 20
 """Bytes of PING/SETTINGS ACKs and refusals queued to a peer that is not reading."""
 CLOSE_GRACE_S: Final = 2.0
@@ -85,9 +99,12 @@ class ServerProtocol(asyncio.Protocol):
             max_idle_frames=MAX_IDLE_FRAMES,
         )
         self.handlers: set[asyncio.Task[None]] = set()
+        """Stream handlers running; each leaves as its work returns (see ``_handler_done``)."""
         self.handlers_peak = 0
         self.resets = 0
-        """Streams the peer reset, or that were refused: for the Rapid Reset budget."""
+        """Streams the peer reset: for the Rapid Reset budget."""
+        self.refusals = 0
+        """Streams refused because ``MAX_HANDLERS`` handlers were running."""
         self._reset_credit = float(RESET_BURST)
         self._reset_credit_at = time.monotonic()
         self.control_bytes_unread = 0
@@ -221,8 +238,9 @@ class ServerProtocol(asyncio.Protocol):
 
     def _event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):
-            if len(self.handlers) >= MAX_CONCURRENT_STREAMS:
-                # handlers of reset streams still ending count too: h2 already forgot them
+            # h2 has counted the stream against MAX_CONCURRENT_STREAMS (section 5.1.2); past
+            # that, the handlers of streams the peer reset, still ending, are the bound
+            if len(self.handlers) >= MAX_HANDLERS:
                 self._refuse(event.stream_id)
                 return
             headers = {
@@ -264,11 +282,13 @@ class ServerProtocol(asyncio.Protocol):
             self.transport.close()
 
     def _refuse(self, stream_id: int) -> None:
-        """RST_STREAM(REFUSED_STREAM): not processed, safe to retry (RFC 9113, 8.7)."""
+        """RST_STREAM(REFUSED_STREAM): not processed, safe to retry (RFC 9113, 8.7). Not the
+        peer's reset, so not in its Rapid Reset budget: its resets that made the handlers
+        pile up were."""
+        self.refusals += 1
         with contextlib.suppress(h2.exceptions.H2Error):
             self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
         self._write_control(self.conn.data_to_send())
-        self._count_reset()
 
     def _count_reset(self) -> None:
         """Spend one of the peer's reset budget (a token bucket); GOAWAY when it is gone."""
@@ -283,12 +303,13 @@ class ServerProtocol(asyncio.Protocol):
         if self._reset_credit < 0:
             self._shut(
                 h2.errors.ErrorCodes.ENHANCE_YOUR_CALM,
-                f"{self.resets} streams reset or refused (Rapid Reset, CVE-2023-44487)",
+                f"{self.resets} streams reset by the peer (Rapid Reset, CVE-2023-44487)",
             )
 
     def _spawn(self, stream_id: int, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self.handlers.add(task)
+        # for a task cancelled before it started (its work never runs, so never says it is done)
         task.add_done_callback(self.handlers.discard)
         if len(self.handlers) > self.handlers_peak:
             self.handlers_peak = len(self.handlers)
@@ -329,12 +350,24 @@ class ServerProtocol(asyncio.Protocol):
             return  # data_received flushes
         self._spawn(stream_id, self._respond(stream_id, response))
 
+    def _handler_done(self) -> None:
+        """The running handler's work has returned: it leaves the count now, not when its
+        done callback runs a loop turn later. By then the peer may have read its stream's end
+        and sent new requests, which that turn's socket read takes in (under h2load, hundreds
+        of finished handlers were still counted and their successors refused)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self.handlers.discard(cast("asyncio.Task[None]", task))
+
     async def _answer_refused(self, stream_id: int) -> None:
-        with contextlib.suppress(h2.exceptions.H2Error, OSError, TransportTimeoutError):
-            await self._send(stream_id, error(413, "body too large"))
-            # a complete response before the request ended: RST_STREAM(NO_ERROR), RFC 9113 8.1
-            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
-            self.flush()
+        try:
+            with contextlib.suppress(h2.exceptions.H2Error, OSError, TransportTimeoutError):
+                await self._send(stream_id, error(413, "body too large"))
+                # a complete response before the request ended: RST_STREAM(NO_ERROR), 8.1
+                self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                self.flush()
+        finally:
+            self._handler_done()
 
     async def _respond(self, stream_id: int, response: Response) -> None:
         try:
@@ -359,6 +392,7 @@ class ServerProtocol(asyncio.Protocol):
         finally:
             self.streams.pop(stream_id, None)
             self.flow.forget(stream_id)
+            self._handler_done()
 
     def _reset(self, stream_id: int, code: h2.errors.ErrorCodes) -> None:
         with contextlib.suppress(h2.exceptions.H2Error):
@@ -377,9 +411,11 @@ class ServerProtocol(asyncio.Protocol):
             self.conn.send_headers(stream_id, headers, end_stream=not response.body)
             self.flush()
             if response.body:
-                await self.flow.send(
-                    self.conn, self.flush, self.writer, stream_id, response.body, True
-                )
+                await self.flow.send(self.conn, self.flush, self.writer, stream_id, response.body)
+                # END_STREAM on its own, after the wait on a full socket buffer, not before it:
+                # a handler does not outlive its stream waiting for the peer to read
+                self.conn.end_stream(stream_id)
+                self.flush()
             return
         stamps = response.stamps
         self.conn.send_headers(stream_id, headers)
@@ -409,7 +445,7 @@ class Http2Server(Server):
         self.app = HttpApp(self.service, self.codec, registry=registry)
         self.protocols: set[ServerProtocol] = set()
         self.handlers_peak = 0
-        """Most stream handlers one connection ran at once (at most MAX_CONCURRENT_STREAMS)."""
+        """Most stream handlers one connection ran at once (at most MAX_HANDLERS)."""
         self.outbound_peak = 0
         """Largest write buffer of any connection, in bytes."""
         if self.ssl_context is not None:
