@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: all venv test lint typecheck unit benchcheck bench regen clean
+.PHONY: all venv sysdeps test lint typecheck unit benchcheck bench regen clean
 
 all: test
 
@@ -47,7 +47,23 @@ unit: $(STAMP)
 benchcheck: $(STAMP)
 	$(PYTEST) bench --benchmark-disable
 
-test: lint typecheck unit benchcheck
+# System tools the tests drive, from Debian's packages, installed only when missing (so a second
+# run changes nothing): h2load loads the HTTP/2 server; a C++ compiler builds the FlatBuffers
+# reader that flatc generates. Needs root (a fresh machine here, and CI, are); elsewhere the
+# tests that need a missing tool skip and say which.
+sysdeps:
+	@missing=""; \
+	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
+	command -v c++ >/dev/null || missing="$$missing g++"; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+		else \
+			echo "not root: install$$missing for the tests that use them"; \
+		fi; \
+	fi
+
+test: sysdeps lint typecheck unit benchcheck
 
 # The main job: the standard benchmark matrix, written to results/.
 bench: $(STAMP)
