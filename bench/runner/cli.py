@@ -65,8 +65,11 @@ def _bench(args: argparse.Namespace) -> int:
         ]
         if args.filter:
             command += ["-k", args.filter]
-        # rootdir/config: the project's pytest settings apply when run from a checkout
-        completed = subprocess.run(command, cwd=SUITES_DIR.parent, check=False)
+        # in the caller's working directory, so pytest-benchmark's storage (./.benchmarks) and
+        # the commit it names a saved run by are theirs, never the installed package's; the
+        # project's pytest settings still apply from a checkout (pytest finds them from the
+        # suite's path)
+        completed = subprocess.run(command, check=False)
         if completed.returncode == 5 and args.filter:
             print(f"{suite}: nothing matches -k {args.filter!r}; its results are kept as they were")
             continue
