@@ -78,6 +78,44 @@ def test_test_certificates_without_trustme_name_the_extra() -> None:
     )
 
 
+# what a base install lacks: every library of every extra
+BASE_INSTALL: Final = tuple(extras.EXTRAS)
+CLI: Final = "import sys\nfrom inferwire.bench.runner.cli import main\nsys.exit(main())\n"
+
+
+def test_the_command_on_a_base_install_has_help() -> None:
+    result = _without(BASE_INSTALL, CLI, "--help")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^\s+load\s.*needs inferwire\[bench\]", result.stdout, re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["load", "--transport", "tcp", "--spawn"],
+            "inferwire load: error: the load generator needs",
+        ),
+        (["bench"], "inferwire bench: error: inferwire bench needs"),
+        (
+            ["serve", "--transport", "http2"],
+            "inferwire serve: error: the http2 transport needs h2",
+        ),
+        (
+            ["serve", "--transport", "tcp", "--tls"],
+            "inferwire serve: error: making TLS test certificates needs trustme",
+        ),
+    ],
+)
+def test_a_command_on_a_base_install_names_its_extra(args: list[str], line: str) -> None:
+    result = _without(BASE_INSTALL, CLI, *args)
+    assert result.returncode == 2
+    (printed,) = result.stderr.splitlines()
+    assert printed.startswith(line)
+    extra = "transports" if args[0] == "serve" else "bench"
+    assert printed.endswith(f"which is not installed: pip install 'inferwire[{extra}]'")
+
+
 def test_the_table_matches_pyproject() -> None:
     """The table's libraries of each extra are exactly those pyproject.toml lists in it, and
     each extra includes the extras the table says."""
