@@ -92,17 +92,7 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
 
 def port(text: str) -> int:
     """A TCP port to listen on, 0 (any free port) to 65535."""
-    return _port(text, lowest=0)
-
-
-def _port(text: str, *, lowest: int) -> int:
-    try:
-        number = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not lowest <= number <= 65535:
-        raise argparse.ArgumentTypeError(f"{number} is not a port ({lowest} to 65535)")
-    return number
+    return _integer(text, lowest=0, highest=65535, noun="a port")
 
 
 def listen_address(text: str) -> str:
@@ -119,7 +109,7 @@ def _address(text: str, *, lowest_port: int) -> str:
     host, _, port_text = text.rpartition(":")
     if not host or not port_text or host.strip("[]") == "":
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
-    _port(port_text, lowest=lowest_port)
+    _integer(port_text, lowest=lowest_port, highest=65535, noun="a port")
     if ":" in host and not host.startswith("["):
         raise argparse.ArgumentTypeError(f"{text!r}: write an IPv6 address as [ADDRESS]:PORT")
     return text
@@ -161,11 +151,15 @@ def positive_count(text: str) -> int:
     return _integer(text, lowest=1)
 
 
-def _integer(text: str, *, lowest: int) -> int:
+def _integer(
+    text: str, *, lowest: int, highest: int | None = None, noun: str = "an integer"
+) -> int:
     try:
         number = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+    if highest is not None and not lowest <= number <= highest:
+        raise argparse.ArgumentTypeError(f"{number} is not {noun} ({lowest} to {highest})")
     if number < lowest:
         raise argparse.ArgumentTypeError(f"{number} is below {lowest}")
     return number
