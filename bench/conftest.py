@@ -51,10 +51,14 @@ def pytest_configure(config: pytest.Config) -> None:
     option = config.option
     if hasattr(option, "benchmark_disable_gc"):
         option.benchmark_disable_gc = True
-    # every timed run is saved under .benchmarks/, so `pytest bench/ --benchmark-compare`
-    # compares with the previous run out of the box
-    if hasattr(option, "benchmark_autosave") and not getattr(option, "benchmark_disable", False):
-        option.benchmark_autosave = True
+    # every timed run is saved under ./.benchmarks/ (of the working directory), so
+    # `pytest bench/ --benchmark-compare` compares with the previous run out of the box. The
+    # value is the run's name: the flag --benchmark-autosave stores get_tag() (commit id, date,
+    # "uncommitted-changes" if dirty), so the same here; True would name the file 0001_True.json
+    if getattr(option, "benchmark_autosave", False) is None and not option.benchmark_disable:
+        from pytest_benchmark.utils import get_tag
+
+        option.benchmark_autosave = get_tag()  # type: ignore[no-untyped-call]
 
 
 @pytest.fixture(autouse=True, scope="session")

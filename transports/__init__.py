@@ -7,7 +7,9 @@ all serving the same simulated inference service.
             ...
 
 Transports: ``tcp`` (the floor), ``http1``, ``http2``, ``grpc``. Errors derive from
-:class:`TransportError`.
+:class:`TransportError`. Each transport's module is imported when first asked for, so a base
+install has ``tcp``; the others need ``inferwire[transports]`` (``grpc`` alone:
+``inferwire[grpc]``), and without it :class:`MissingExtraError` says so.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .errors import (
     TransportError,
     TransportTimeoutError,
 )
+from .extras import MissingExtraError, needs_extras
 from .service import GenerateRequest, SimulatedService, Source, TokenStream
 from .timing import StreamTiming
 from .tls import ClientTls, ServerTls, make_test_certificates
@@ -45,6 +48,7 @@ __all__ = [
     "GenerateRequest",
     "Limits",
     "MessageTooLargeError",
+    "MissingExtraError",
     "ProtocolError",
     "RemoteError",
     "Server",
@@ -79,7 +83,9 @@ def _lookup(transport: str, index: int) -> Any:
         raise ValueError(
             f"unknown transport {transport!r}; choose from {', '.join(TRANSPORTS)}"
         ) from None
-    return getattr(importlib.import_module(f"{__name__}.{module}"), names[index])
+    with needs_extras(f"the {transport} transport"):
+        imported = importlib.import_module(f"{__name__}.{module}")
+    return getattr(imported, names[index])
 
 
 def server_class(transport: str) -> type[Server]:

@@ -18,54 +18,101 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import socket
+import ssl
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire import workloads
 from inferwire.codecs.delta_codec import default_registry
 from inferwire.workloads import token_stream_source
 
+from .arguments import (
+    CommandError,
+    Commands,
+    Parser,
+    authority,
+    check_can_listen,
+    connect_address,
+    existing_file,
+    listen_address,
+    listen_failure,
+    non_negative,
+    port,
+    positive,
+    positive_count,
+    run,
+    split_checked,
+)
 from .proxy import DelayProxy
+
+UPSTREAM_PROBE_TIMEOUT_S: Final = 2.0
 
 
 def _announce(host: str, port: int, extra: str = "") -> None:
-    authority = f"[{host}]" if ":" in host else host
-    print(f"listening on {authority}:{port}{extra}", flush=True)
+    print(f"listening on {authority(host, port)}{extra}", flush=True)
 
 
-async def _until_signalled(stop: asyncio.Event) -> None:
+def _stop_on_signals() -> asyncio.Event:
+    """An event SIGINT and SIGTERM set. Made before the address is announced, so a parent that
+    stops the process as soon as it has read the address gets a clean shutdown."""
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
+
+
+def _server_tls(args: argparse.Namespace) -> tuple[it.ServerTls | None, str]:
+    """The server's TLS material, and what to add to the announcement (the generated CA)."""
+    if not args.tls:
+        given = [name for name in ("certfile", "keyfile", "ca_out") if getattr(args, name)]
+        if given:
+            raise CommandError(f"--{given[0].replace('_', '-')} is for --tls, which is not given")
+        return None, ""
+    if args.certfile or args.keyfile:
+        if not (args.certfile and args.keyfile):
+            raise CommandError("--certfile and --keyfile go together")
+        if args.ca_out:
+            raise CommandError(
+                "--ca-out writes the generated test CA; with --certfile there is none"
+            )
+        try:
+            tls = it.ServerTls.from_files(args.certfile, args.keyfile)
+            tls.ssl_context()  # a certificate and key that do not load, or do not match
+        except (OSError, ssl.SSLError) as exc:
+            raise CommandError(f"cannot use --certfile/--keyfile: {exc}") from None
+        return tls, ""
+    tls, client_tls = it.make_test_certificates()
+    try:
+        ca_path = (
+            Path(args.ca_out)
+            if args.ca_out
+            else Path(tempfile.mkstemp(prefix="inferwire-ca-", suffix=".pem")[1])
+        )
+        ca_path.write_bytes(client_tls.ca_pem)
+    except OSError as exc:
+        raise CommandError(f"cannot write the test CA: {exc}") from None
+    return tls, f" ca={ca_path}"
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    server_class = it.server_class(args.transport)
+    check_can_listen(args.host, args.port)
+    tls, extra = _server_tls(args)
     service = it.SimulatedService(
         token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
     )
-    extra = ""
-    tls = None
-    if args.tls:
-        if args.certfile and args.keyfile:
-            tls = it.ServerTls.from_files(args.certfile, args.keyfile)
-        else:
-            tls, client_tls = it.make_test_certificates()
-            ca_path = (
-                Path(args.ca_out)
-                if args.ca_out
-                else Path(tempfile.mkstemp(prefix="inferwire-ca-", suffix=".pem")[1])
-            )
-            ca_path.write_bytes(client_tls.ca_pem)
-            extra = f" ca={ca_path}"
     options: dict[str, object] = {}
     if args.transport in ("http1", "http2"):
         options["registry"] = default_registry()
-    server = it.server_class(args.transport)(
+    server = server_class(
         service,
         ic.get(args.codec),
         host=args.host,
@@ -74,12 +121,12 @@ async def _serve(args: argparse.Namespace) -> None:
         limits=it.Limits(max_message_bytes=args.max_message_bytes),
         **options,
     )
-    host, port = await server.start()
+    stop = _stop_on_signals()
+    host, port = await _started(server, args.host, args.port)
     _announce(host, port, extra)
-    stop = asyncio.Event()
     serving = asyncio.ensure_future(server.serve_forever())
     try:
-        await _until_signalled(stop)
+        await stop.wait()
     finally:
         # stop first: grpc's shutdown fails if its wait_for_termination was cancelled before
         await server.stop()
@@ -88,23 +135,49 @@ async def _serve(args: argparse.Namespace) -> None:
             await serving
 
 
+async def _started(server: it.Server | DelayProxy, host: str, port: int) -> tuple[str, int]:
+    """``server.start()``, a failure to listen as a CommandError: the port was free when
+    checked but taken since (grpc raises RuntimeError, or reports port 0 as ConnectError)."""
+    try:
+        return await server.start()
+    except (OSError, RuntimeError, it.ConnectError) as exc:
+        raise CommandError(listen_failure(host, port, exc)) from None
+
+
 async def _proxy(args: argparse.Namespace) -> None:
     host, port = it.split_address(args.listen)
+    upstream = split_checked(args.upstream)
+    check_can_listen(host, port)
+    _warn_if_unreachable(upstream)
     bandwidth = args.bandwidth_mbps * 1e6 / 8 if args.bandwidth_mbps else None
     proxy = DelayProxy(
-        it.split_address(args.upstream),
+        upstream,
         delay_s=args.delay_ms / 1000,
         bandwidth_bytes_per_s=bandwidth,
         host=host,
         port=port,
     )
-    bound = await proxy.start()
+    stop = _stop_on_signals()
+    bound = await _started(proxy, host, port)
     _announce(*bound)
-    stop = asyncio.Event()
     try:
-        await _until_signalled(stop)
+        await stop.wait()
     finally:
         await proxy.stop()
+
+
+def _warn_if_unreachable(upstream: tuple[str, int]) -> None:
+    """Not an error: the upstream may start after its proxy (each connection through the
+    proxy opens its own upstream connection), but a mistyped port should not go unnoticed."""
+    try:
+        with socket.create_connection(upstream, timeout=UPSTREAM_PROBE_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        print(
+            f"inferwire proxy: warning: {authority(*upstream)} does not accept connections "
+            f"now ({exc.strerror or exc}); each connection through the proxy tries it again",
+            file=sys.stderr,
+        )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -117,39 +190,91 @@ def proxy(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    srv = commands.add_parser("serve", help="run one transport's server for the simulated service")
-    srv.add_argument("--transport", required=True, choices=it.TRANSPORTS)
-    srv.add_argument("--codec", default="orjson", choices=ic.names())
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
-    srv.add_argument(
-        "--tls", action="store_true", help="TLS (a generated test CA unless given files)"
+SERVE_DESCRIPTION: Final = """\
+Runs one transport's server for the simulated inference service in this process, until
+SIGINT or SIGTERM. The first line on stdout is "listening on HOST:PORT" (with a generated test
+certificate, also "ca=PATH" of its CA), so a parent that asked for port 0 learns the port.
+
+The service streams seeded token chunks of the workload a request names, paced by
+--prefill-ms (time to the first token) and --decode-ms (time per token); with both at 0 a
+client measures serialization and transport alone."""
+
+PROXY_DESCRIPTION: Final = """\
+A TCP proxy that forwards every chunk it reads --delay-ms after it arrived, in each direction,
+with an optional bandwidth cap: a 20 ms delay makes a round trip about 40 ms longer, like two
+hosts 20 ms apart. Runs until SIGINT or SIGTERM; the first line on stdout is "listening on
+HOST:PORT"."""
+
+
+def add_commands(commands: Commands) -> None:
+    srv = commands.add_parser(
+        "serve",
+        help="run one transport's server for the simulated service",
+        description=SERVE_DESCRIPTION,
+        epilog="workloads a request can name: " + ", ".join(workloads.names("stream")),
     )
-    srv.add_argument("--certfile", help="PEM certificate chain for --tls")
-    srv.add_argument("--keyfile", help="PEM private key for --tls")
-    srv.add_argument("--ca-out", help="where to write the generated CA certificate")
-    srv.add_argument("--prefill-ms", type=float, default=0.0, help="time to first token")
-    srv.add_argument("--decode-ms", type=float, default=0.0, help="time per output token")
-    srv.add_argument("--max-message-bytes", type=int, default=it.DEFAULT_MAX_MESSAGE_BYTES)
+    srv.add_argument(
+        "--transport", required=True, choices=it.TRANSPORTS, help="the protocol to serve"
+    )
+    srv.add_argument(
+        "--codec", default="orjson", choices=ic.names(), help="how token chunks become bytes"
+    )
+    srv.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 or :: for all"
+    )
+    srv.add_argument("--port", type=port, default=0, help="port to listen on; 0: any free port")
+    srv.add_argument(
+        "--tls", action="store_true", help="serve TLS: a generated test CA unless given files"
+    )
+    srv.add_argument("--certfile", type=existing_file, help="PEM certificate chain, for --tls")
+    srv.add_argument("--keyfile", type=existing_file, help="PEM private key, for --tls")
+    srv.add_argument(
+        "--ca-out",
+        help="where to write the generated test CA's certificate (default: a temporary file)",
+    )
+    srv.add_argument(
+        "--prefill-ms", type=non_negative, default=0.0, help="time to the first token, ms"
+    )
+    srv.add_argument(
+        "--decode-ms", type=non_negative, default=0.0, help="time per further token, ms"
+    )
+    srv.add_argument(
+        "--max-message-bytes",
+        type=positive_count,
+        default=it.DEFAULT_MAX_MESSAGE_BYTES,
+        help="largest message accepted",
+    )
     srv.set_defaults(run=serve)
 
-    prx = commands.add_parser("proxy", help="a TCP proxy adding one-way delay per direction")
-    prx.add_argument("--listen", default="127.0.0.1:0")
-    prx.add_argument("--upstream", required=True, help="HOST:PORT of the server")
-    prx.add_argument("--delay-ms", type=float, default=20.0, help="one-way delay per direction")
-    prx.add_argument("--bandwidth-mbps", type=float, help="optional cap per direction")
+    prx = commands.add_parser(
+        "proxy",
+        help="a TCP proxy adding one-way delay per direction",
+        description=PROXY_DESCRIPTION,
+    )
+    prx.add_argument(
+        "--listen", type=listen_address, default="127.0.0.1:0", help="HOST:PORT; port 0: any free"
+    )
+    prx.add_argument(
+        "--upstream", type=connect_address, required=True, help="HOST:PORT of the server"
+    )
+    prx.add_argument(
+        "--delay-ms", type=non_negative, default=20.0, help="one-way delay per direction, ms"
+    )
+    prx.add_argument(
+        "--bandwidth-mbps",
+        type=positive,
+        help="bandwidth cap per direction, Mbit/s (default: none)",
+    )
     prx.set_defaults(run=proxy)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m inferwire.transports.serve",
-        description="one transport's server, or the WAN-delay proxy, until SIGINT or SIGTERM",
+        description="One transport's server, or the WAN-delay proxy, until SIGINT or SIGTERM.",
     )
     add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.run(args))
+    return run(parser, argv)
 
 
 if __name__ == "__main__":

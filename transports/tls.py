@@ -13,6 +13,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .extras import needs_extras
+
 LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
 
 
@@ -57,13 +59,9 @@ class ClientTls:
 
 def make_test_certificates(names: tuple[str, ...] = LOOPBACK_NAMES) -> tuple[ServerTls, ClientTls]:
     """A fresh CA and a server certificate for ``names``. Needs ``trustme`` (the
-    ``transports`` extra)."""
-    try:
+    ``transports`` extra; without it, :class:`MissingExtraError` says so)."""
+    with needs_extras("making TLS test certificates"):
         import trustme
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise RuntimeError(
-            "TLS test certificates need trustme: pip install 'inferwire[transports]'"
-        ) from exc
     ca = trustme.CA()
     cert = ca.issue_cert(*names)
     chain = b"".join(blob.bytes() for blob in cert.cert_chain_pems)

@@ -65,6 +65,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -74,7 +75,10 @@ from typing import Any
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire import workloads
 from inferwire.bench.procs import server_process
+from inferwire.transports import arguments
+from inferwire.transports.arguments import CommandError
 
 from . import metrics
 from .metrics import Slo
@@ -133,7 +137,7 @@ async def _sweep(
         try:
             await warm_up(target, spec.request(), args.warmup)
         except it.TransportError as exc:
-            raise SystemExit(f"inferwire load: the warm-up failed: {exc}") from exc
+            raise CommandError(f"the warm-up failed, nothing was measured: {exc}") from exc
         # what exists now is never garbage: keep the collector's passes short during the run
         gc.collect()
         gc.freeze()
@@ -187,13 +191,33 @@ def integrity_text(integrity: dict[str, Any]) -> str:
     return f"integrity{checked}: {integrity['verified']} verified, " + ", ".join(counts)
 
 
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: only kill(2)'s checks
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process
+    return True
+
+
 def _load(args: argparse.Namespace) -> int:
     if args.spawn == bool(args.address):
-        raise SystemExit("inferwire load: give either --address HOST:PORT or --spawn")
+        raise CommandError("give either --address HOST:PORT or --spawn")
     if not args.spawn and (args.prefill_ms or args.decode_ms):
-        raise SystemExit("inferwire load: --prefill-ms/--decode-ms set a --spawn'ed server")
+        raise CommandError("--prefill-ms/--decode-ms set a --spawn'ed server")
+    if args.spawn and args.server_pid is not None:
+        raise CommandError("--server-pid is for --address; a --spawn'ed server's pid is known")
+    if args.server_pid is not None and not _process_exists(args.server_pid):
+        raise CommandError(f"--server-pid {args.server_pid}: no such process")
+    if args.out is not None and args.out.is_dir():
+        raise CommandError(f"--out {args.out} is a directory; give a file name")
+    if args.address:
+        arguments.split_checked(args.address)
     if args.duration is None and args.requests is None:
         args.duration = DEFAULT_DURATION_S
+    if args.concurrency is None:
+        args.concurrency = [None]
     spec = LoadSpec(
         workload=args.workload,
         max_tokens=args.max_tokens,
@@ -209,7 +233,7 @@ def _load(args: argparse.Namespace) -> int:
         try:
             spec.offsets_ns(rate)
         except ValueError as exc:
-            raise SystemExit(f"inferwire load: {exc}") from None
+            raise CommandError(str(exc)) from None
     precise = select_is_safe(args.transport, args.concurrency)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     with (
@@ -247,45 +271,112 @@ def _load(args: argparse.Namespace) -> int:
     return 1 if failed and all(p["requests_completed"] == 0 for p in points) else 0
 
 
-def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+DESCRIPTION = """\
+Open-loop load against one server's token streams. Requests arrive on a schedule drawn before
+the run from a seeded arrival process (Poisson at --rate, or gamma with --arrival gamma), whatever
+the server does, and every latency is timed from the request's intended send time, so a stall
+shows in the percentiles of every request that was due during it (no coordinated omission).
+
+Reports, per point of the --rate x --concurrency sweep: TTFT, TPOT, inter-token latency, E2E
+latency (P50/P90/P99/P99.9 from HDR histograms), request and token throughput, goodput under the
+SLOs given, errors by type, stream integrity, and CPU per 1,000 tokens. Definitions in full:
+python -m pydoc inferwire.bench.loadgen.load_command"""
+
+
+def add_commands(commands: arguments.Commands) -> None:
     load = commands.add_parser(
         "load",
         help="open-loop load against one server: TTFT, TPOT, ITL, E2E percentiles",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description=DESCRIPTION,
     )
-    load.add_argument("--transport", required=True, choices=it.TRANSPORTS)
-    load.add_argument("--codec", default="orjson", choices=ic.names())
+    load.add_argument(
+        "--transport", required=True, choices=it.TRANSPORTS, help="the server's protocol"
+    )
+    load.add_argument("--codec", default="orjson", choices=ic.names(), help="the server's codec")
     where = load.add_mutually_exclusive_group()
-    where.add_argument("--address", help="HOST:PORT of a running server")
+    where.add_argument(
+        "--address", type=arguments.connect_address, help="HOST:PORT of a running server"
+    )
     where.add_argument("--spawn", action="store_true", help="start `inferwire serve` for the run")
-    load.add_argument("--server-pid", type=int, help="with --address: the server's pid, for CPU")
-    load.add_argument("--prefill-ms", type=float, default=0.0, help="--spawn: time to 1st token")
-    load.add_argument("--decode-ms", type=float, default=0.0, help="--spawn: time per token")
-    load.add_argument("--workload", default="stream-256")
-    load.add_argument("--max-tokens", type=int, help="cut each stream after this many tokens")
     load.add_argument(
-        "--rate", type=_rates, default=[10.0], help="requests/s; a list sweeps (10,20,40)"
-    )
-    load.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
-    load.add_argument(
-        "--burstiness", type=float, default=1.0, help="gamma shape: 1 Poisson, < 1 burstier"
+        "--server-pid",
+        type=arguments.positive_count,
+        help="with --address: the server's pid, to count its CPU time",
     )
     load.add_argument(
-        "--concurrency", type=_caps, default=[None], help="cap on requests in flight; a list sweeps"
+        "--prefill-ms",
+        type=arguments.non_negative,
+        default=0.0,
+        help="with --spawn: the server's time to the first token, ms",
     )
-    load.add_argument("--duration", type=float, help=f"seconds (default {DEFAULT_DURATION_S:g})")
-    load.add_argument("--requests", type=int, help="number of requests (with --duration: first)")
+    load.add_argument(
+        "--decode-ms",
+        type=arguments.non_negative,
+        default=0.0,
+        help="with --spawn: the server's time per further token, ms",
+    )
+    stream_workloads = workloads.names("stream")
+    load.add_argument(
+        "--workload",
+        default="stream-256",
+        choices=stream_workloads,
+        metavar="NAME",
+        help="what each request streams, one of: " + ", ".join(stream_workloads),
+    )
+    load.add_argument(
+        "--max-tokens",
+        type=arguments.positive_count,
+        help="cut each stream after this many tokens (default: the whole workload)",
+    )
+    load.add_argument(
+        "--rate",
+        type=_rates,
+        default="10",
+        help="requests/s (inf: all at once); a list sweeps, e.g. 10,20,40",
+    )
+    load.add_argument(
+        "--arrival", choices=("poisson", "gamma"), default="poisson", help="the arrival process"
+    )
+    load.add_argument(
+        "--burstiness",
+        type=arguments.positive,
+        default=1.0,
+        help="gamma's shape: 1 is Poisson, below 1 burstier, above 1 more regular",
+    )
+    load.add_argument(
+        "--concurrency",
+        type=_caps,
+        help="cap on requests in flight; a list sweeps, e.g. 1,8 (default: no cap)",
+    )
+    load.add_argument(
+        "--duration",
+        type=arguments.positive,
+        help=f"seconds of arrivals (default: {DEFAULT_DURATION_S:g} unless --requests is given)",
+    )
+    load.add_argument(
+        "--requests",
+        type=arguments.positive_count,
+        help="number of requests (with --duration, whichever ends first)",
+    )
     load.add_argument("--seed", type=int, default=0, help="seed of the arrival schedule")
-    load.add_argument("--slo-ttft-ms", type=float, help="goodput: TTFT at most this")
-    load.add_argument("--slo-tpot-ms", type=float, help="goodput: TPOT at most this")
-    load.add_argument("--slo-e2e-ms", type=float, help="goodput: E2E latency at most this")
-    load.add_argument("--warmup", type=int, default=8, help="untimed requests before the first")
+    load.add_argument(
+        "--slo-ttft-ms", type=arguments.positive, help="goodput counts TTFT at most this, ms"
+    )
+    load.add_argument(
+        "--slo-tpot-ms", type=arguments.positive, help="goodput counts TPOT at most this, ms"
+    )
+    load.add_argument(
+        "--slo-e2e-ms", type=arguments.positive, help="goodput counts E2E latency at most this, ms"
+    )
+    load.add_argument(
+        "--warmup", type=arguments.count, default=8, help="untimed requests before the first point"
+    )
     load.add_argument(
         "--drain-timeout",
-        type=float,
+        type=arguments.non_negative,
         default=DEFAULT_DRAIN_TIMEOUT_S,
         help="seconds to wait for requests in flight after the last is sent",
     )
-    load.add_argument("--out", type=Path, help="write the JSON report here")
+    load.add_argument("--out", type=Path, help="write the JSON report to this file")
     load.add_argument("--quiet", action="store_true", help="no progress bar")
     load.set_defaults(run=_load)
