@@ -178,44 +178,31 @@ def test_infer_without_an_id_gets_none_back(client: triton.InferenceServerClient
     assert response["model_version"] == "1"
 
 
-@pytest.mark.parametrize(
-    ("call", "status", "words"),
-    [
-        pytest.param(
-            lambda c, x: c.infer("echo", [x], model_version="2"),
-            "404",
-            "no version '2'",
-            id="version",
-        ),
-        pytest.param(
-            lambda c, x: c.infer("echo", [x], outputs=[triton.InferRequestedOutput("nope")]),
-            "400",
-            "no output 'nope'",
-            id="unknown-output",
-        ),
-        pytest.param(
-            lambda c, x: c.infer("echo", [x], request_compression_algorithm="gzip"),
-            "415",
-            "content-encoding 'gzip'",
-            id="compressed",
-        ),
-        pytest.param(
-            lambda c, x: c.infer(
-                "echo", [x], outputs=[triton.InferRequestedOutput("output_0", class_count=2)]
-            ),
-            "400",
-            "classification",
-            id="classification",
-        ),
-    ],
-)
+TRITON_ERRORS = [
+    pytest.param({"model_version": "2"}, "404", "no version '2'", id="version"),
+    pytest.param(
+        {"outputs": [triton.InferRequestedOutput("nope")]}, "400", "no output 'nope'", id="output"
+    ),
+    pytest.param(
+        {"request_compression_algorithm": "gzip"}, "415", "content-encoding 'gzip'", id="gzip"
+    ),
+    pytest.param(
+        {"outputs": [triton.InferRequestedOutput("output_0", class_count=2)]},
+        "400",
+        "classification",
+        id="classification",
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "status", "words"), TRITON_ERRORS)
 def test_an_error_is_an_inference_server_exception_with_our_message(
-    client: triton.InferenceServerClient, call: Any, status: str, words: str
+    client: triton.InferenceServerClient, options: dict[str, Any], status: str, words: str
 ) -> None:
     tensor = triton.InferInput("x", [2], "FP32")
     tensor.set_data_from_numpy(np.array([1, 2], dtype=np.float32))
     with pytest.raises(InferenceServerException) as caught:
-        call(client, tensor)
+        client.infer("echo", [tensor], **options)
     assert caught.value.status() == status
     assert words in caught.value.message()
     assert words in str(caught.value)
