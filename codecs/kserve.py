@@ -304,7 +304,7 @@ def decode_request(
         return _decode_request(body, model, json_length, max_depth, max_elements)
     except CodecError:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, OverflowError, MemoryError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
         raise DecodeError(f"KServe request: {type(exc).__name__}: {exc}") from exc
 
 

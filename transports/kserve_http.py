@@ -40,6 +40,7 @@ content type or encoding that is not read. Nothing a client sends raises out of
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import re
 from collections.abc import Mapping
@@ -74,6 +75,7 @@ _UNSERVED_OUTPUT_PARAMETERS: Final = {
 }
 
 
+@functools.cache
 def _server_version() -> str:
     try:
         return importlib.metadata.version("inferwire")
