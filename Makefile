@@ -13,10 +13,19 @@ all: test
 # pyproject.toml keeps the ranges a user's own install resolves against. The editable install
 # also compiles the delta codec's C extension in place (codecs/_delta_accel.*.so): an edited
 # source reinstalls, so no target runs a stale build.
-$(STAMP): pyproject.toml requirements/constraints.txt codecs/_delta_accel.c codecs/_scan.c
+#
+# tritonclient comes last and without its dependencies: its grpc extra pins protobuf<7, which
+# the schemas' generated modules cannot run on, and tritonclient.grpc runs on protobuf 7. Its
+# runtime dependencies are in the dev extra, resolved with everything else
+# (requirements/tritonclient.txt says more).
+$(STAMP): pyproject.toml requirements/constraints.txt requirements/tritonclient.txt \
+		codecs/_delta_accel.c codecs/_scan.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps -c requirements/constraints.txt \
+		-r requirements/tritonclient.txt
+	$(BIN)/python -m pip check
 	touch $@
 
 venv: $(STAMP)

@@ -1,19 +1,25 @@
-"""``tensor``: raw tensor bytes behind a small header, after KServe v2's binary data extension.
+"""``tensor``: raw tensor bytes behind a small header, in the layout of KServe v2's binary
+tensor data extension, framed on its own.
 
-https://kserve.github.io/website/latest/modelserving/data_plane/binary_tensor_data_extension/
-puts a JSON inference header first and the raw tensor bytes after it, each tensor's size in its
-``parameters.binary_data_size``. This codec keeps that layout and, since it has no HTTP header
-to carry the JSON's length, prefixes it:
+The extension (``codecs/kserve.py``) puts a JSON inference header first and the raw tensor
+bytes after it, each tensor's size in its ``parameters.binary_data_size``; HTTP carries the
+JSON's length in the ``Inference-Header-Content-Length`` header. A codec's bytes have no
+header beside them, so this codec's framing is its own: an 8-byte prefix carries that length.
 
     offset 0  4 bytes  magic b"IWT\\x01"
     offset 4  4 bytes  header length H, little-endian
     offset 8  H bytes  JSON header, space-padded so the first tensor starts 64-byte aligned
     then      the tensors' raw little-endian bytes, back to back, in header order
 
-BYTES tensors use KServe's raw form (each element a 4-byte little-endian length, then its
-bytes). Decode wraps the input with ``numpy.frombuffer``: no tensor byte is copied, and the
-arrays are read-only views of the caller's buffer. Encode can hand back the parts (header, then
-each tensor's memory) so a transport can write them with ``writelines`` and never concatenate.
+Past the prefix the bytes are an extension body: ``data[8:]`` with an
+``Inference-Header-Content-Length`` of H is a request the KServe HTTP route reads as it is. The
+header always names ``model_name`` and ``id`` (the extension's are optional), every tensor goes
+as binary data, and an embedding batch is one FP32 output named ``embeddings`` with its usage
+in the header's ``parameters``. BYTES tensors use KServe's raw form (each element a 4-byte
+little-endian length, then its bytes). Decode wraps the input with ``numpy.frombuffer``: no
+tensor byte is copied, and the arrays are read-only views of the caller's buffer. Encode can
+hand back the parts (header, then each tensor's memory) so a transport can write them with
+``writelines`` and never concatenate.
 """
 
 from __future__ import annotations
@@ -24,11 +30,10 @@ from typing import Any, ClassVar, Final, TypeVar, cast
 import numpy as np
 import orjson
 
-from . import scan
 from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, BytesLike, Codec, check_limits
 from .errors import CodecError, DecodeError, EncodeError
+from .kserve import binary_tensor_entry, load_json, read_binary_tensor
 from .model import EmbeddingBatch, InferRequest, InferResponse, Tensor, Usage
-from .tensors import bytes_elements_from_raw, bytes_elements_to_raw, checked_dtype, checked_layout
 
 M = TypeVar("M")
 
@@ -36,25 +41,6 @@ MAGIC: Final = b"IWT\x01"
 _PREFIX: Final = struct.Struct("<4sI")
 ALIGNMENT: Final = 64
 EMBEDDINGS_TENSOR: Final = "embeddings"
-
-
-def _tensor_parts(tensor: Tensor) -> tuple[dict[str, Any], BytesLike]:
-    checked_dtype(tensor)
-    data = tensor.data
-    raw: BytesLike
-    if tensor.datatype == "BYTES":
-        raw = bytes_elements_to_raw(data)
-    else:
-        # A view of the array's own memory: nothing is copied unless it is not contiguous.
-        # (As uint8 rather than memoryview.cast("B"), which refuses zero-size shapes.)
-        raw = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
-    header = {
-        "name": tensor.name,
-        "datatype": tensor.datatype,
-        "shape": list(tensor.shape),
-        "parameters": {"binary_data_size": len(raw)},
-    }
-    return header, raw
 
 
 def _usage_obj(usage: Usage | None) -> dict[str, int] | None:
@@ -87,7 +73,7 @@ def encode_parts(message: Any) -> list[BytesLike]:
     entries = []
     buffers: list[BytesLike] = []
     for tensor in tensors:
-        entry, raw = _tensor_parts(tensor)
+        entry, raw = binary_tensor_entry(tensor)
         entries.append(entry)
         buffers.append(raw)
     header[key] = entries
@@ -113,28 +99,9 @@ def _read_tensors(entries: Any, data: memoryview, pos: int) -> tuple[list[Tensor
     if type(entries) is not list:
         raise DecodeError("tensor header: inputs/outputs must be a list")
     tensors = []
-    for entry in entries:
-        datatype = _str(entry["datatype"])
-        shape = tuple(_int(d) for d in entry["shape"])
-        dtype, count = checked_layout(datatype, shape)
-        size = _int(entry["parameters"]["binary_data_size"])
-        if size < 0 or pos + size > len(data):
-            raise DecodeError(f"tensor of {size} bytes overruns the {len(data)}-byte buffer")
-        if datatype == "BYTES":
-            array = bytes_elements_from_raw(data[pos : pos + size], count)
-        else:
-            if size != count * dtype.itemsize:
-                raise DecodeError(
-                    f"tensor of shape {shape} and {datatype} needs {count * dtype.itemsize} "
-                    f"bytes, header says {size}"
-                )
-            array = np.frombuffer(data, dtype=dtype, count=count, offset=pos)
-        tensors.append(
-            Tensor(
-                name=_str(entry["name"]), datatype=datatype, shape=shape, data=array.reshape(shape)
-            )
-        )
-        pos += size
+    for i, entry in enumerate(entries):
+        tensor, pos = read_binary_tensor(entry, data, pos, f"tensor {i}")
+        tensors.append(tensor)
     return tensors, pos
 
 
@@ -155,10 +122,7 @@ def decode_message(
     pos = _PREFIX.size + header_length
     if pos > len(view):
         raise DecodeError(f"header of {header_length} bytes overruns the {len(view)}-byte buffer")
-    header_bytes = view[_PREFIX.size : pos]
-    if header_length > min(max_elements, 2 * max_depth):  # see DictCodec: shorter is safe
-        scan.check_json(header_bytes, max_depth, max_elements)
-    header = orjson.loads(header_bytes)
+    header = load_json(view[_PREFIX.size : pos], max_depth, max_elements)
     if type(header) is not dict:
         raise DecodeError("tensor header must be a JSON object")
     if type_ is EmbeddingBatch:

@@ -125,6 +125,15 @@ def assert_error_body(status: int, content_type: str, body: bytes, expected: int
     assert error["code"] == expected
 
 
+def assert_kserve_error_body(status: int, content_type: str, body: bytes, expected: int) -> None:
+    """The Open Inference Protocol's error object: ``{"error": $string}``."""
+    assert status == expected, body
+    assert content_type.split(";")[0].strip() == "application/json"
+    error = orjson.loads(body)["error"]
+    assert isinstance(error, str)
+    assert error
+
+
 # -- 1. malformed requests ----------------------------------------------------------------
 
 _INFER_JSON = ic.get("orjson").encode(infer_request())
@@ -143,11 +152,14 @@ HTTP_MALFORMED = [
     pytest.param("POST", _CHAT, _JSON, b'{"stream": false}', 400, id="not-streaming"),
     pytest.param("POST", _CHAT, "text/plain", b"{}", 415, id="chat-wrong-content-type"),
     pytest.param("POST", _INFER, "text/plain", _INFER_JSON, 415, id="infer-wrong-content-type"),
-    pytest.param("POST", _INFER, None, _INFER_JSON, 415, id="infer-no-content-type"),
+    pytest.param("POST", _INFER, None, b"\x00\xff garbage", 400, id="infer-no-content-type"),
+    pytest.param("POST", _INFER, "application/vnd.msgpack", b"\x80", 415, id="infer-foreign-codec"),
     pytest.param("POST", _INFER, _JSON, b"\x00\xff garbage", 400, id="infer-garbage"),
     pytest.param("POST", _INFER, _JSON, b'{"model": "x"}', 400, id="infer-incomplete"),
     pytest.param("POST", "/v2/models/y/infer", _JSON, _INFER_JSON, 400, id="infer-other-model"),
     pytest.param("POST", "/no/such/route", _JSON, b"{}", 404, id="unknown-route"),
+    pytest.param("GET", "/v2/no/such/route", None, b"", 404, id="unknown-v2-route"),
+    pytest.param("GET", "/v2/models/x/versions/2", None, b"", 404, id="unknown-model-version"),
     pytest.param("GET", _INFER, None, b"", 405, id="infer-by-get"),
 ]
 
@@ -177,7 +189,8 @@ def test_http_malformed_request_is_answered_and_server_keeps_serving(
     async def run() -> None:
         async with serving(transport) as srv:
             answer = await _http_answer(transport, srv, method, path, content_type, body)
-            assert_error_body(*answer, expected=status)
+            check = assert_kserve_error_body if path.startswith("/v2") else assert_error_body
+            check(*answer, expected=status)
             assert srv.service.streams_started == 0
             await assert_serves(transport, srv.address)
 

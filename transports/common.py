@@ -53,10 +53,12 @@ def error_body(status: int, message: str, kind: str = "invalid_request_error") -
 
 
 def error_detail(body: bytes) -> str:
-    """The message of an :func:`error_body`, or the body itself if it is not one."""
+    """The message of an :func:`error_body` or of the Open Inference Protocol's error object
+    (``{"error": "..."}``), or the body itself if it is neither."""
     try:
         obj = orjson.loads(body)
-        return str(obj["error"]["message"])
+        error = obj["error"]
+        return error if isinstance(error, str) else str(error["message"])
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return body[:200].decode(errors="replace")
 

@@ -6,13 +6,14 @@ method   path                            answer
 POST     /v1/chat/completions            a token stream (``"stream": true``): SSE for
                                          the JSON codecs (OpenAI-compatible, ending with
                                          ``data: [DONE]``), else the codec's frames
-POST     /v2/models/{name}/infer         KServe v2 unary inference, body in the codec
-GET      /v2/health/ready                200 once serving
+*        /v2, /v2/...                    KServe v2 / Open Inference Protocol
+                                         (:mod:`.kserve_http`)
 GET      /schemas/ids/{id}               a schema of the registry (Confluent's paths)
 GET      /subjects/{subject}/versions    the versions of a subject
 =======  ==============================  ===========================================
 
-Errors are JSON bodies in OpenAI's shape (``{"error": {"message", "type", "code"}}``).
+Errors are JSON bodies in OpenAI's shape (``{"error": {"message", "type", "code"}}``), under
+``/v2`` in the protocol's (``{"error": "..."}``).
 Routing is sans-IO: :meth:`HttpApp.handle` takes a complete request and gives back a
 :class:`Response` whose body is bytes or an async iterator of frames.
 """
@@ -21,8 +22,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Final
 
 import orjson
@@ -31,26 +31,15 @@ import inferwire.codecs as ic
 
 from .common import error_body
 from .errors import BadRequestError
+from .http_response import Response as Response  # the servers import it from here
+from .kserve_http import KServeHttp
 from .service import GenerateRequest, SimulatedService
 from .streams import stream_frames
 from .timing import ServerStamps
 
-_INFER_PATH: Final = re.compile(r"/v2/models/([A-Za-z0-9_.\-]{1,128})/infer")
 _SCHEMA_PATH: Final = re.compile(r"/schemas/ids/([0-9]{1,10})")
 _VERSIONS_PATH: Final = re.compile(r"/subjects/([A-Za-z0-9_.\-]{1,256})/versions")
 _JSON: Final = "application/json"
-
-
-@dataclass(slots=True)
-class Response:
-    status: int
-    content_type: str
-    body: bytes = b""
-    stream: AsyncGenerator[bytes, None] | None = None
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    stamps: ServerStamps | None = None
-    """For a timed stream: the sender calls ``stamps.written()`` after each frame it wrote
-    and sends ``stamps`` as the ``x-inferwire-timing`` trailer."""
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error") -> Response:
@@ -75,6 +64,7 @@ class HttpApp:
         self.codec = codec
         self.registry = registry
         self.sse = codec.stream_media_type == "text/event-stream"
+        self.kserve = KServeHttp(service, codec)
 
     def handle(
         self,
@@ -87,19 +77,14 @@ class HttpApp:
         """The answer to one request; ``headers`` has lower-case names. ``received_ns``: when
         the whole request had arrived (for a timed stream's stamps)."""
         path = path.split("?", 1)[0]
+        if path == "/v2" or path.startswith("/v2/"):
+            return self.kserve.handle(method, path, headers, body)
         if path == "/v1/chat/completions":
             if method != "POST":
                 return error(405, "use POST")
             return self._generate(headers, body, received_ns)
-        match = _INFER_PATH.fullmatch(path)
-        if match:
-            if method != "POST":
-                return error(405, "use POST")
-            return self._infer(match.group(1), headers, body)
         if method != "GET":
-            return error(404 if path != "/v2/health/ready" else 405, f"no route {path}")
-        if path == "/v2/health/ready":
-            return Response(200, _JSON, b"{}")
+            return error(404, f"no route {path}")
         match = _SCHEMA_PATH.fullmatch(path)
         if match and self.registry is not None:
             return self._schema(int(match.group(1)))
@@ -135,21 +120,6 @@ class HttpApp:
             stamps.parsed()
         frames = stream_frames(self.service, stream, self.codec.stream_encoder(), stamps)
         return Response(200, mine, stream=frames, stamps=stamps)
-
-    def _infer(self, model: str, headers: Mapping[str, str], body: bytes) -> Response:
-        if ic.InferRequest not in self.codec.types:
-            return error(415, f"codec {self.codec.name!r} does not carry inference requests")
-        content_type = _media(headers.get("content-type", ""))
-        if content_type != self.codec.media_type:
-            return error(415, f"this server reads {self.codec.media_type}, not {content_type!r}")
-        try:
-            request = self.codec.decode(body, ic.InferRequest)
-            if request.model != model:
-                raise BadRequestError(f"path names model {model!r}, body {request.model!r}")
-            payload = self.codec.encode(self.service.infer(request))
-        except (ic.CodecError, BadRequestError) as exc:
-            return error(400, str(exc))
-        return Response(200, self.codec.media_type, payload)
 
     def _schema(self, schema_id: int) -> Response:
         assert self.registry is not None

@@ -267,6 +267,7 @@ class Http1Server(Server):
     async def _write(self, writer: asyncio.StreamWriter, response: Response, keep: bool) -> bool:
         """Send ``response``; False when the connection must close after it."""
         connection = "" if keep else "connection: close\r\n"
+        connection += "".join(f"{name}: {value}\r\n" for name, value in response.headers)
         if response.stream is None:
             writer.write(
                 _head(

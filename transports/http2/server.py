@@ -342,6 +342,7 @@ class ServerProtocol(asyncio.Protocol):
                     (":status", str(response.status)),
                     ("content-type", response.content_type),
                     ("content-length", str(len(body))),
+                    *response.headers,
                 ],
                 end_stream=not body,
             )
@@ -405,6 +406,7 @@ class ServerProtocol(asyncio.Protocol):
         headers = [
             (":status", str(response.status)),
             ("content-type", response.content_type),
+            *response.headers,
         ]
         if response.stream is None:
             headers.append(("content-length", str(len(response.body))))
