@@ -8,7 +8,9 @@ decodes, so no separate check pass is needed.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, cast
 
 import msgspec
@@ -30,6 +32,7 @@ from .model import (
     InferResponse,
     Tensor,
     TokenChunk,
+    TokenLogprob,
     Usage,
     new_token_chunk,
     new_token_logprob,
@@ -69,6 +72,30 @@ class ChoiceS(msgspec.Struct):
     token_ids: list[int]
 
 
+class OpenAIChoiceS(msgspec.Struct):
+    """:class:`ChoiceS` without inferwire's ``token_ids``: the choice vLLM writes."""
+
+    index: int
+    delta: DeltaS
+    logprobs: LogprobsS | None
+    finish_reason: str | None
+
+
+class AnyDeltaS(msgspec.Struct):
+    role: str | None = None
+    content: str | None = None
+
+
+class AnyChoiceS(msgspec.Struct, kw_only=True):
+    """A choice as any OpenAI-compatible server may write it (see :mod:`.openai`)."""
+
+    index: int
+    delta: AnyDeltaS
+    logprobs: LogprobsS | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] = msgspec.field(default_factory=list)
+
+
 class UsageS(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
@@ -82,6 +109,27 @@ class ChunkS(msgspec.Struct, kw_only=True, omit_defaults=True):
     model: str
     seq: int
     choices: list[ChoiceS]
+    usage: UsageS | None = None
+
+
+class OpenAIChunkS(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """:class:`ChunkS` without inferwire's ``seq``: the chunk vLLM writes."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[OpenAIChoiceS]
+    usage: UsageS | None = None
+
+
+class AnyChunkS(msgspec.Struct, kw_only=True):
+    id: str
+    object: str
+    created: int
+    model: str
+    seq: int | None = None
+    choices: list[AnyChoiceS]
     usage: UsageS | None = None
 
 
@@ -173,10 +221,26 @@ def _any(value: float) -> float:
     return value
 
 
+def _logprobs_s(chunk: TokenChunk, number: Any) -> LogprobsS | None:
+    logprobs = chunk.logprobs
+    if logprobs is None:
+        return None
+    return LogprobsS(
+        [
+            TokenLogprobS(
+                lp.token,
+                number(lp.logprob),
+                list(lp.token.encode()),
+                [TopLogprobS(t.token, number(t.logprob), list(t.token.encode())) for t in lp.top],
+            )
+            for lp in logprobs
+        ]
+    )
+
+
 def chunk_to_struct(chunk: TokenChunk, *, binary: bool = False) -> ChunkS:
     # MessagePack carries any double bit for bit; JSON has no text for NaN or infinities.
     number = _any if binary else _finite
-    logprobs = chunk.logprobs
     return ChunkS(
         id=chunk.id,
         object=oa.CHUNK_OBJECT,
@@ -187,27 +251,46 @@ def chunk_to_struct(chunk: TokenChunk, *, binary: bool = False) -> ChunkS:
             ChoiceS(
                 chunk.index,
                 DeltaS(role="assistant" if chunk.seq == 0 else None, content=chunk.text),
-                None
-                if logprobs is None
-                else LogprobsS(
-                    [
-                        TokenLogprobS(
-                            lp.token,
-                            number(lp.logprob),
-                            list(lp.token.encode()),
-                            [
-                                TopLogprobS(t.token, number(t.logprob), list(t.token.encode()))
-                                for t in lp.top
-                            ],
-                        )
-                        for lp in logprobs
-                    ]
-                ),
+                _logprobs_s(chunk, number),
                 chunk.finish_reason,
                 list(chunk.token_ids),
             )
         ],
         usage=_usage_s(chunk.usage),
+    )
+
+
+def chunk_to_openai_struct(chunk: TokenChunk) -> OpenAIChunkS:
+    """:func:`chunk_to_struct` without inferwire's extensions (JSON only)."""
+    return OpenAIChunkS(
+        id=chunk.id,
+        object=oa.CHUNK_OBJECT,
+        created=chunk.created,
+        model=chunk.model,
+        choices=[
+            OpenAIChoiceS(
+                chunk.index,
+                DeltaS(role="assistant" if chunk.seq == 0 else None, content=chunk.text),
+                _logprobs_s(chunk, _finite),
+                chunk.finish_reason,
+            )
+        ],
+        usage=_usage_s(chunk.usage),
+    )
+
+
+def _logprobs(logprobs: LogprobsS | None) -> tuple[TokenLogprob, ...] | None:
+    if logprobs is None:
+        return None
+    return tuple(
+        [
+            new_token_logprob(
+                lp.token,
+                lp.logprob,
+                tuple([new_top_logprob(t.token, t.logprob) for t in lp.top_logprobs]),
+            )
+            for lp in logprobs.content
+        ]
     )
 
 
@@ -217,7 +300,6 @@ def chunk_from_struct(s: ChunkS) -> TokenChunk:
     if len(s.choices) != 1:
         raise DecodeError(f"expected one choice, got {len(s.choices)}")
     choice = s.choices[0]
-    logprobs = choice.logprobs
     return new_token_chunk(
         s.id,
         s.model,
@@ -226,18 +308,34 @@ def chunk_from_struct(s: ChunkS) -> TokenChunk:
         s.seq,
         tuple(choice.token_ids),
         choice.delta.content,
-        None
-        if logprobs is None
-        else tuple(
-            [
-                new_token_logprob(
-                    lp.token,
-                    lp.logprob,
-                    tuple([new_top_logprob(t.token, t.logprob) for t in lp.top_logprobs]),
-                )
-                for lp in logprobs.content
-            ]
-        ),
+        _logprobs(choice.logprobs),
+        choice.finish_reason,
+        _usage(s.usage),
+    )
+
+
+def chunk_from_any_struct(s: AnyChunkS, position: int) -> TokenChunk:
+    """The chunk of an OpenAI-compatible server, at ``position`` in its stream (see the
+    :mod:`.openai` module docstring)."""
+    if s.object != oa.CHUNK_OBJECT:
+        raise DecodeError(f"not a {oa.CHUNK_OBJECT}: object={s.object!r}")
+    if not s.choices:
+        raise DecodeError(
+            "a chunk without choices (the usage chunk of stream_options.include_usage) "
+            "carries no tokens"
+        )
+    if len(s.choices) != 1:
+        raise DecodeError(f"expected one choice, got {len(s.choices)}")
+    choice = s.choices[0]
+    return new_token_chunk(
+        s.id,
+        s.model,
+        s.created,
+        choice.index,
+        position if s.seq is None else s.seq,
+        tuple(choice.token_ids),
+        choice.delta.content or "",
+        _logprobs(choice.logprobs),
         choice.finish_reason,
         _usage(s.usage),
     )
@@ -257,13 +355,16 @@ def _tensor(s: TensorJsonS | TensorBinS, binary: bool) -> Tensor:
 class _MsgspecCodec(Codec):
     binary: ClassVar[bool]
 
-    def __init__(self, *, max_depth: int, max_elements: int) -> None:
+    def __init__(self, *, max_depth: int, max_elements: int, extensions: bool = True) -> None:
         self._scan, self._scan_above = limit_scan(self.binary, max_depth, max_elements)
         self.max_depth = max_depth
         self.max_elements = max_elements
+        self.extensions = oa.checked_extensions(self.name, self.binary, extensions)
         binary = self.binary
         self._to_struct: dict[type[Any], Any] = {
-            TokenChunk: lambda c: chunk_to_struct(c, binary=binary),
+            TokenChunk: (lambda c: chunk_to_struct(c, binary=binary))
+            if extensions
+            else chunk_to_openai_struct,
             EmbeddingBatch: self._embeddings_struct,
             InferRequest: lambda r: (RequestBinS if binary else RequestJsonS)(
                 r.model, r.id, [_tensor_struct(t, binary) for t in r.inputs]
@@ -273,7 +374,9 @@ class _MsgspecCodec(Codec):
             ),
         }
         self._from_struct: dict[type[Any], tuple[type[Any], Any]] = {
-            TokenChunk: (ChunkS, chunk_from_struct),
+            TokenChunk: (ChunkS, chunk_from_struct)
+            if extensions
+            else (AnyChunkS, lambda s: chunk_from_any_struct(s, 0)),
             EmbeddingBatch: (EmbeddingsBinS if binary else EmbeddingsJsonS, self._embeddings),
             InferRequest: (
                 RequestBinS if binary else RequestJsonS,
@@ -338,14 +441,32 @@ class _MsgspecCodec(Codec):
         entry = self._from_struct.get(type_)
         if entry is None:
             raise DecodeError(f"codec {self.name!r} cannot decode into {type_!r}")
+        return cast("M", self._decode(data, type_, entry[1]))
+
+    def _decode(self, data: BytesLike, type_: type[Any], from_struct: Any) -> Any:
         if _nbytes(data) > self._scan_above:
             self._scan(data, self.max_depth, self.max_elements)
         try:
-            return cast("M", entry[1](self._decoders[type_].decode(data)))
+            return from_struct(self._decoders[type_].decode(data))
         except CodecError:
             raise
         except (msgspec.DecodeError, TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise DecodeError(f"{self.name}: {exc}") from exc
+
+    def _decoder_of(self, type_: type[Any] | None) -> Callable[[BytesLike], Any]:
+        if self.extensions or (type_ or self.default_stream_type) is not TokenChunk:
+            return super()._decoder_of(type_)
+        # chunks without inferwire's seq are numbered by their place in the stream
+        positions = itertools.count()
+
+        def decode_chunk(data: BytesLike) -> TokenChunk:
+            position = next(positions)
+            return cast(
+                "TokenChunk",
+                self._decode(data, TokenChunk, lambda s: chunk_from_any_struct(s, position)),
+            )
+
+        return decode_chunk
 
 
 class MsgspecJsonCodec(_MsgspecCodec):
@@ -362,10 +483,11 @@ class MsgspecJsonCodec(_MsgspecCodec):
         framing: Framing | None = None,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
+        extensions: bool = True,
     ) -> None:
         self._use_framing(framing)
         self._encoder = msgspec.json.Encoder()
-        super().__init__(max_depth=max_depth, max_elements=max_elements)
+        super().__init__(max_depth=max_depth, max_elements=max_elements, extensions=extensions)
 
     def _make_decoder(self, struct: type[Any]) -> Any:
         return msgspec.json.Decoder(struct)
@@ -381,10 +503,14 @@ class MsgspecMsgpackCodec(_MsgspecCodec):
     binary: ClassVar[bool] = True
 
     def __init__(
-        self, *, max_depth: int = DEFAULT_MAX_DEPTH, max_elements: int = DEFAULT_MAX_ELEMENTS
+        self,
+        *,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+        extensions: bool = True,
     ) -> None:
         self._encoder = msgspec.msgpack.Encoder()
-        super().__init__(max_depth=max_depth, max_elements=max_elements)
+        super().__init__(max_depth=max_depth, max_elements=max_elements, extensions=extensions)
 
     def _make_decoder(self, struct: type[Any]) -> Any:
         return msgspec.msgpack.Decoder(struct)
