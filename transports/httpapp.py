@@ -3,62 +3,44 @@
 =======  ==============================  ===========================================
 method   path                            answer
 =======  ==============================  ===========================================
-POST     /v1/chat/completions            a token stream (``"stream": true``): SSE for
-                                         the JSON codecs (OpenAI-compatible, ending with
-                                         ``data: [DONE]``), else the codec's frames
+POST     /v1/chat/completions            the OpenAI API as vLLM serves it
+POST     /v1/completions                 (:mod:`inferwire.transports.openai_api`):
+GET      /v1/models                      completions streamed (SSE, or the codec's
+GET      /v1/models/{id}                 frames by ``Accept``) and not, the models
 POST     /v2/models/{name}/infer         KServe v2 unary inference, body in the codec
 GET      /v2/health/ready                200 once serving
 GET      /schemas/ids/{id}               a schema of the registry (Confluent's paths)
 GET      /subjects/{subject}/versions    the versions of a subject
 =======  ==============================  ===========================================
 
-Errors are JSON bodies in OpenAI's shape (``{"error": {"message", "type", "code"}}``).
-Routing is sans-IO: :meth:`HttpApp.handle` takes a complete request and gives back a
-:class:`Response` whose body is bytes or an async iterator of frames.
+Errors are JSON bodies in OpenAI's shape (``{"error": {"message", "type", "param",
+"code"}}``). Routing is sans-IO: :meth:`HttpApp.handle` takes a complete request and gives
+back a :class:`Response` whose body is bytes or an async iterator of frames.
 """
 
 from __future__ import annotations
 
 import base64
 import re
-from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Final
 
 import orjson
 
 import inferwire.codecs as ic
 
-from .common import error_body
 from .errors import BadRequestError
-from .service import GenerateRequest, SimulatedService
-from .streams import stream_frames
-from .timing import ServerStamps
+from .http_response import JSON, Response, error, media
+from .openai_api import OpenAIApi
+from .service import SimulatedService
+
+__all__ = ["HttpApp", "Response", "error"]
 
 _INFER_PATH: Final = re.compile(r"/v2/models/([A-Za-z0-9_.\-]{1,128})/infer")
 _SCHEMA_PATH: Final = re.compile(r"/schemas/ids/([0-9]{1,10})")
 _VERSIONS_PATH: Final = re.compile(r"/subjects/([A-Za-z0-9_.\-]{1,256})/versions")
-_JSON: Final = "application/json"
-
-
-@dataclass(slots=True)
-class Response:
-    status: int
-    content_type: str
-    body: bytes = b""
-    stream: AsyncGenerator[bytes, None] | None = None
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    stamps: ServerStamps | None = None
-    """For a timed stream: the sender calls ``stamps.written()`` after each frame it wrote
-    and sends ``stamps`` as the ``x-inferwire-timing`` trailer."""
-
-
-def error(status: int, message: str, kind: str = "invalid_request_error") -> Response:
-    return Response(status, _JSON, error_body(status, message, kind))
-
-
-def _media(value: str) -> str:
-    return value.split(";", 1)[0].strip().lower()
+_MODEL_PATH: Final = re.compile(r"/v1/models/(.+)")
+_OPENAI_POST: Final = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 class HttpApp:
@@ -74,7 +56,7 @@ class HttpApp:
         self.service = service
         self.codec = codec
         self.registry = registry
-        self.sse = codec.stream_media_type == "text/event-stream"
+        self.openai = OpenAIApi(service, codec)
 
     def handle(
         self,
@@ -87,10 +69,8 @@ class HttpApp:
         """The answer to one request; ``headers`` has lower-case names. ``received_ns``: when
         the whole request had arrived (for a timed stream's stamps)."""
         path = path.split("?", 1)[0]
-        if path == "/v1/chat/completions":
-            if method != "POST":
-                return error(405, "use POST")
-            return self._generate(headers, body, received_ns)
+        if path.startswith("/v1/"):
+            return self._openai(method, path, headers, body, received_ns)
         match = _INFER_PATH.fullmatch(path)
         if match:
             if method != "POST":
@@ -99,7 +79,7 @@ class HttpApp:
         if method != "GET":
             return error(404 if path != "/v2/health/ready" else 405, f"no route {path}")
         if path == "/v2/health/ready":
-            return Response(200, _JSON, b"{}")
+            return Response(200, JSON, b"{}")
         match = _SCHEMA_PATH.fullmatch(path)
         if match and self.registry is not None:
             return self._schema(int(match.group(1)))
@@ -108,38 +88,29 @@ class HttpApp:
             subject = match.group(1)
             if subject not in self.registry.subjects():
                 return error(404, f"subject {subject!r} not found", "not_found")
-            return Response(200, _JSON, orjson.dumps(self.registry.versions(subject)))
+            return Response(200, JSON, orjson.dumps(self.registry.versions(subject)))
         return error(404, f"no route {path}", "not_found")
 
-    def _generate(self, headers: Mapping[str, str], body: bytes, received_ns: int) -> Response:
-        if ic.TokenChunk not in self.codec.types:
-            return error(406, f"codec {self.codec.name!r} does not carry token streams")
-        if _media(headers.get("content-type", _JSON)) != _JSON:
-            return error(415, "the request body is JSON")
-        accept = headers.get("accept", "*/*")
-        wanted = {_media(part) for part in accept.split(",")}
-        mine = self.codec.stream_media_type
-        if not wanted & {mine, "*/*", _JSON, "text/event-stream" if self.sse else mine}:
-            return error(406, f"this server streams {mine}, not {accept}")
-        try:
-            obj = orjson.loads(body)
-            request = GenerateRequest.from_json_obj(obj)
-            if isinstance(obj, dict) and obj.get("stream") is False:
-                raise BadRequestError("only streaming completions are served: set stream")
-            stream = self.service.open(request)  # a bad request is refused before a stream
-        except (orjson.JSONDecodeError, BadRequestError) as exc:
-            return error(400, str(exc))
-        stamps = None
-        if request.timing:
-            stamps = ServerStamps(received_ns)
-            stamps.parsed()
-        frames = stream_frames(self.service, stream, self.codec.stream_encoder(), stamps)
-        return Response(200, mine, stream=frames, stamps=stamps)
+    def _openai(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, received_ns: int
+    ) -> Response:
+        if path in _OPENAI_POST:
+            if method != "POST":
+                return error(405, f"{path} takes POST, not {method}")
+            if path == "/v1/completions":
+                return self.openai.completions(headers, body)
+            return self.openai.chat(headers, body, received_ns)
+        match = _MODEL_PATH.fullmatch(path)
+        if path == "/v1/models" or match:
+            if method != "GET":
+                return error(405, f"{path} takes GET, not {method}")
+            return self.openai.model(match.group(1)) if match else self.openai.models()
+        return error(404, f"no route {method} {path}")
 
     def _infer(self, model: str, headers: Mapping[str, str], body: bytes) -> Response:
         if ic.InferRequest not in self.codec.types:
             return error(415, f"codec {self.codec.name!r} does not carry inference requests")
-        content_type = _media(headers.get("content-type", ""))
+        content_type = media(headers.get("content-type", ""))
         if content_type != self.codec.media_type:
             return error(415, f"this server reads {self.codec.media_type}, not {content_type!r}")
         try:
@@ -162,4 +133,4 @@ class HttpApp:
             "encoding": "FileDescriptorSet+base64",
             "schema": base64.b64encode(schema.descriptor_set).decode(),
         }
-        return Response(200, _JSON, orjson.dumps(document))
+        return Response(200, JSON, orjson.dumps(document))
