@@ -98,7 +98,7 @@ class HttpApp:
             if method != "POST":
                 return error(405, f"{path} takes POST, not {method}")
             if path == "/v1/completions":
-                return self.openai.completions(headers, body)
+                return self.openai.completions(headers, body, received_ns)
             return self.openai.chat(headers, body, received_ns)
         match = _MODEL_PATH.fullmatch(path)
         if path == "/v1/models" or match:

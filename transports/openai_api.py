@@ -226,8 +226,10 @@ class OpenAIApi:
     def chat(self, headers: Mapping[str, str], body: bytes, received_ns: int = 0) -> Response:
         return self._complete(headers, body, received_ns, chat=True)
 
-    def completions(self, headers: Mapping[str, str], body: bytes) -> Response:
-        return self._complete(headers, body, 0, chat=False)
+    def completions(
+        self, headers: Mapping[str, str], body: bytes, received_ns: int = 0
+    ) -> Response:
+        return self._complete(headers, body, received_ns, chat=False)
 
     def models(self) -> Response:
         data = [self._model_obj(name) for name in self.service.models]

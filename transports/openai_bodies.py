@@ -13,7 +13,7 @@ objects written with orjson, whatever the server's codec.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Final
 
@@ -195,7 +195,3 @@ class CompletionChunks:
 
     def end(self) -> bytes:
         return self._objects.end()
-
-
-Body = Callable[[Sequence[ic.TokenChunk]], Obj]
-"""Builds the body of a non-streamed answer from the whole stream."""
