@@ -155,43 +155,31 @@ def _logprobs_s(chunk: TokenChunk, number: Any) -> LogprobsS | None:
     )
 
 
-def chunk_to_struct(chunk: TokenChunk, *, binary: bool = False) -> ChunkS:
+def chunk_to_struct(
+    chunk: TokenChunk, *, binary: bool = False, extensions: bool = True
+) -> ChunkS | OpenAIChunkS:
     # MessagePack carries any double bit for bit; JSON has no text for NaN or infinities.
     number = _any if binary else _finite
-    return ChunkS(
-        id=chunk.id,
-        object=oa.CHUNK_OBJECT,
-        created=chunk.created,
-        model=chunk.model,
-        seq=chunk.seq,
-        choices=[
-            ChoiceS(
-                chunk.index,
-                DeltaS(role="assistant" if chunk.seq == 0 else None, content=chunk.text),
-                _logprobs_s(chunk, number),
-                chunk.finish_reason,
-                list(chunk.token_ids),
-            )
-        ],
-        usage=usage_s(chunk.usage),
-    )
-
-
-def chunk_to_openai_struct(chunk: TokenChunk) -> OpenAIChunkS:
-    """:func:`chunk_to_struct` without inferwire's extensions (JSON only)."""
+    delta = DeltaS(role="assistant" if chunk.seq == 0 else None, content=chunk.text)
+    logprobs = _logprobs_s(chunk, number)
+    if extensions:
+        return ChunkS(
+            id=chunk.id,
+            object=oa.CHUNK_OBJECT,
+            created=chunk.created,
+            model=chunk.model,
+            seq=chunk.seq,
+            choices=[
+                ChoiceS(chunk.index, delta, logprobs, chunk.finish_reason, list(chunk.token_ids))
+            ],
+            usage=usage_s(chunk.usage),
+        )
     return OpenAIChunkS(
         id=chunk.id,
         object=oa.CHUNK_OBJECT,
         created=chunk.created,
         model=chunk.model,
-        choices=[
-            OpenAIChoiceS(
-                chunk.index,
-                DeltaS(role="assistant" if chunk.seq == 0 else None, content=chunk.text),
-                _logprobs_s(chunk, _finite),
-                chunk.finish_reason,
-            )
-        ],
+        choices=[OpenAIChoiceS(chunk.index, delta, logprobs, chunk.finish_reason)],
         usage=usage_s(chunk.usage),
     )
 
@@ -233,26 +221,31 @@ def chunk_from_struct(s: ChunkS) -> TokenChunk:
 
 def chunk_from_any_struct(s: AnyChunkS, position: int) -> TokenChunk:
     """The chunk of an OpenAI-compatible server, at ``position`` in its stream (see the
-    :mod:`.openai` module docstring)."""
-    if s.object != oa.CHUNK_OBJECT:
-        raise DecodeError(f"not a {oa.CHUNK_OBJECT}: object={s.object!r}")
-    if not s.choices:
+    :mod:`.openai` module docstring): what it left out filled in, then read as ours."""
+    if not s.choices and s.usage is not None:
         raise DecodeError(
             "a chunk without choices (the usage chunk of stream_options.include_usage) "
             "carries no tokens"
         )
-    if len(s.choices) != 1:
-        raise DecodeError(f"expected one choice, got {len(s.choices)}")
-    choice = s.choices[0]
-    return new_token_chunk(
-        s.id,
-        s.model,
-        s.created,
-        choice.index,
-        position if s.seq is None else s.seq,
-        tuple(choice.token_ids),
-        choice.delta.content or "",
-        _logprobs(choice.logprobs),
-        choice.finish_reason,
-        usage_from_s(s.usage),
+    choices = [
+        ChoiceS(
+            c.index,
+            DeltaS(role=c.delta.role, content=c.delta.content or ""),
+            c.logprobs,
+            c.finish_reason,
+            c.token_ids,
+        )
+        for c in s.choices
+    ]
+    seq = position if s.seq is None else s.seq
+    return chunk_from_struct(
+        ChunkS(
+            id=s.id,
+            object=s.object,
+            created=s.created,
+            model=s.model,
+            seq=seq,
+            choices=choices,
+            usage=s.usage,
+        )
     )

@@ -39,7 +39,6 @@ from .msgspec_chunks import (
     UsageS,
     chunk_from_any_struct,
     chunk_from_struct,
-    chunk_to_openai_struct,
     chunk_to_struct,
     usage_from_s,
     usage_s,
@@ -133,9 +132,7 @@ class _MsgspecCodec(Codec):
         self.extensions = oa.checked_extensions(self.name, self.binary, extensions)
         binary = self.binary
         self._to_struct: dict[type[Any], Any] = {
-            TokenChunk: (lambda c: chunk_to_struct(c, binary=binary))
-            if extensions
-            else chunk_to_openai_struct,
+            TokenChunk: lambda c: chunk_to_struct(c, binary=binary, extensions=extensions),
             EmbeddingBatch: self._embeddings_struct,
             InferRequest: lambda r: (RequestBinS if binary else RequestJsonS)(
                 r.model, r.id, [_tensor_struct(t, binary) for t in r.inputs]
