@@ -619,3 +619,16 @@ def test_a_binary_codec_server_speaks_json_to_the_sdk(transport: str) -> None:
             check_completion(completion, expected(), "stop")
 
     run(go())
+    codec = ic.get("protobuf")
+    frames = run(
+        _post(
+            transport,
+            "protobuf",
+            {"messages": MESSAGES, "stream": True, **WORKLOAD},
+            f"{codec.stream_media_type}, */*;q=0.1",
+        )
+    )
+    assert frames.headers["content-type"] == codec.stream_media_type
+    decoder = codec.stream_decoder()
+    assert decoder.feed(frames.content) == expected()
+    decoder.close()

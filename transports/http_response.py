@@ -38,8 +38,10 @@ def media(value: str) -> str:
     return value.split(";", 1)[0].strip().lower()
 
 
-def accepts(accept: str, media_type: str) -> bool:
-    """Whether an Accept header takes ``media_type``, exactly or by a wildcard (RFC 9110,
-    section 12.5.1; quality values are not weighed, and q=0 is not singled out)."""
-    wildcard = media_type.split("/", 1)[0] + "/*"
-    return any(media(part) in (media_type, wildcard, "*/*") for part in accept.split(","))
+def accepts(accept: str, media_type: str, *, wildcards: bool = True) -> bool:
+    """Whether an Accept header takes ``media_type``, by name or (``wildcards``) by a range
+    (RFC 9110, section 12.5.1; quality values are not weighed, and q=0 is not singled out)."""
+    names = {media_type}
+    if wildcards:
+        names |= {media_type.split("/", 1)[0] + "/*", "*/*"}
+    return any(media(part) in names for part in accept.split(","))

@@ -267,7 +267,11 @@ class OpenAIApi:
                 return error(406, f"this answer is {JSON}, not {accept}")
             return self._whole(stream, request, chat=chat)
         frames = self._frames
-        if chat and frames is not None and media(accept) == frames.stream_media_type:
+        if (
+            chat
+            and frames is not None
+            and accepts(accept, frames.stream_media_type, wildcards=False)
+        ):
             encoder = frames.stream_encoder()
             return self._stream(stream, request, encoder, frames.stream_media_type, received_ns)
         if not accepts(accept, self._content_type) and not accepts(accept, JSON):
