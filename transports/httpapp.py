@@ -30,7 +30,9 @@ import orjson
 import inferwire.codecs as ic
 
 from .errors import BadRequestError
-from .http_response import JSON, Response, error, media
+from .http_response import JSON as _JSON
+from .http_response import Response, error
+from .http_response import media as _media
 from .openai_api import OpenAIApi
 from .service import SimulatedService
 
@@ -79,7 +81,7 @@ class HttpApp:
         if method != "GET":
             return error(404 if path != "/v2/health/ready" else 405, f"no route {path}")
         if path == "/v2/health/ready":
-            return Response(200, JSON, b"{}")
+            return Response(200, _JSON, b"{}")
         match = _SCHEMA_PATH.fullmatch(path)
         if match and self.registry is not None:
             return self._schema(int(match.group(1)))
@@ -88,7 +90,7 @@ class HttpApp:
             subject = match.group(1)
             if subject not in self.registry.subjects():
                 return error(404, f"subject {subject!r} not found", "not_found")
-            return Response(200, JSON, orjson.dumps(self.registry.versions(subject)))
+            return Response(200, _JSON, orjson.dumps(self.registry.versions(subject)))
         return error(404, f"no route {path}", "not_found")
 
     def _openai(
@@ -110,7 +112,7 @@ class HttpApp:
     def _infer(self, model: str, headers: Mapping[str, str], body: bytes) -> Response:
         if ic.InferRequest not in self.codec.types:
             return error(415, f"codec {self.codec.name!r} does not carry inference requests")
-        content_type = media(headers.get("content-type", ""))
+        content_type = _media(headers.get("content-type", ""))
         if content_type != self.codec.media_type:
             return error(415, f"this server reads {self.codec.media_type}, not {content_type!r}")
         try:
@@ -133,4 +135,4 @@ class HttpApp:
             "encoding": "FileDescriptorSet+base64",
             "schema": base64.b64encode(schema.descriptor_set).decode(),
         }
-        return Response(200, JSON, orjson.dumps(document))
+        return Response(200, _JSON, orjson.dumps(document))
