@@ -6,6 +6,8 @@ and its stream framing. Every foreign exception is translated here, at the one b
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, cast
 
@@ -43,6 +45,9 @@ class DictCodec(Codec):
     """Tensor data as raw bytes (binary formats) or as arrays of numbers (JSON)."""
     decode_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     """Library-specific exceptions that mean the input is not valid for the format."""
+    reads_infinity: ClassVar[bool] = False
+    """Whether the parser reads a number past a double's range (``1e400``) as an infinity,
+    which no JSON writer meant: logprobs are then checked finite."""
 
     def __init__(
         self,
@@ -50,21 +55,28 @@ class DictCodec(Codec):
         framing: Framing | None = None,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
+        extensions: bool = True,
     ) -> None:
         self._use_framing(framing)
         self._scan, self._scan_above = limit_scan(self.binary, max_depth, max_elements)
         self.max_depth = max_depth
         self.max_elements = max_elements
+        self.extensions = oa.checked_extensions(self.name, self.binary, extensions)
         self._decode_errors: tuple[type[BaseException], ...] = (*_FOREIGN, *self.decode_errors)
         binary = self.binary
+        number = self._read_number = oa.finite_float if self.reads_infinity else oa.read_number
         self._to_obj: dict[type[Any], Callable[[Any], Any]] = {
-            TokenChunk: lambda m: oa.chunk_to_obj(m, binary=binary),
+            TokenChunk: lambda m: oa.chunk_to_obj(m, binary=binary, extensions=extensions),
             EmbeddingBatch: lambda m: oa.embeddings_to_obj(m, binary=binary),
             InferRequest: lambda m: oa.request_to_obj(m, binary=binary),
             InferResponse: lambda m: oa.response_to_obj(m, binary=binary),
         }
         self._from_obj: dict[type[Any], Callable[[Any], Any]] = {
-            TokenChunk: oa.chunk_from_obj,
+            TokenChunk: oa.chunk_from_obj
+            if extensions and number is oa.read_number
+            else functools.partial(
+                oa.chunk_from_obj, number=number, position=None if extensions else 0
+            ),
             EmbeddingBatch: lambda o: oa.embeddings_from_obj(o, binary=binary),
             InferRequest: lambda o: oa.request_from_obj(o, binary=binary),
             InferResponse: lambda o: oa.response_from_obj(o, binary=binary),
@@ -92,11 +104,30 @@ class DictCodec(Codec):
         from_obj = self._from_obj.get(type_)
         if from_obj is None:
             raise DecodeError(f"codec {self.name!r} cannot decode into {type_!r}")
+        return cast("M", self._decode(data, from_obj))
+
+    def _decode(self, data: BytesLike, from_obj: Callable[[Any], Any]) -> Any:
         if _nbytes(data) > self._scan_above:
             self._scan(data, self.max_depth, self.max_elements)
         try:
-            return cast("M", from_obj(self.loads(data)))
+            return from_obj(self.loads(data))
         except CodecError:
             raise
         except self._decode_errors as exc:
             raise DecodeError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+
+    def _decoder_of(self, type_: type[Any] | None) -> Callable[[BytesLike], Any]:
+        if self.extensions or (type_ or self.default_stream_type) is not TokenChunk:
+            return super()._decoder_of(type_)
+        # chunks without inferwire's seq are numbered by their place in the stream
+        positions = itertools.count()
+        number = self._read_number
+
+        def decode_chunk(data: BytesLike) -> TokenChunk:
+            position = next(positions)
+            return cast(
+                "TokenChunk",
+                self._decode(data, lambda o: oa.chunk_from_obj(o, number, position=position)),
+            )
+
+        return decode_chunk

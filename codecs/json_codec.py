@@ -13,15 +13,12 @@ becomes a ``str`` that no UTF-8 writer can send on (refused here).
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any, ClassVar
 
-from . import openai as oa
 from .base import BytesLike
 from .dict_codec import DictCodec, Framing
-from .model import TokenChunk
 
 
 def _reject_constant(name: str) -> Any:
@@ -61,9 +58,7 @@ class JsonCodec(DictCodec):
     framing: Framing = "sse"
     framings: ClassVar[tuple[Framing, ...]] = ("sse", "ndjson", "length-prefixed")
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self._from_obj[TokenChunk] = functools.partial(oa.chunk_from_obj, number=oa.finite_float)
+    reads_infinity: ClassVar[bool] = True
 
     def dumps(self, obj: Any) -> bytes:
         return dumps(obj)

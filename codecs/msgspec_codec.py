@@ -3,12 +3,14 @@
 The Structs mirror :mod:`inferwire.codecs.openai` field for field, so ``msgspec-json`` writes
 the same OpenAI/KServe JSON as ``json`` (floats in msgspec's shortest form) and
 ``msgspec-msgpack`` the same MessagePack as ``msgpack``. msgspec validates types while it
-decodes, so no separate check pass is needed.
+decodes, so no separate check pass is needed. The token chunk's Structs, with inferwire's
+extensions and without, are in :mod:`.msgspec_chunks`.
 """
 
 from __future__ import annotations
 
-import math
+import itertools
+from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar, cast
 
 import msgspec
@@ -30,59 +32,19 @@ from .model import (
     InferResponse,
     Tensor,
     TokenChunk,
-    Usage,
-    new_token_chunk,
-    new_token_logprob,
-    new_top_logprob,
+)
+from .msgspec_chunks import (
+    AnyChunkS,
+    ChunkS,
+    UsageS,
+    chunk_from_any_struct,
+    chunk_from_struct,
+    chunk_to_struct,
+    usage_from_s,
+    usage_s,
 )
 
 M = TypeVar("M")
-
-
-class TopLogprobS(msgspec.Struct):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-class TokenLogprobS(msgspec.Struct):
-    token: str
-    logprob: float
-    bytes: list[int]
-    top_logprobs: list[TopLogprobS]
-
-
-class LogprobsS(msgspec.Struct):
-    content: list[TokenLogprobS]
-
-
-class DeltaS(msgspec.Struct, kw_only=True, omit_defaults=True):
-    role: str | None = None
-    content: str
-
-
-class ChoiceS(msgspec.Struct):
-    index: int
-    delta: DeltaS
-    logprobs: LogprobsS | None
-    finish_reason: str | None
-    token_ids: list[int]
-
-
-class UsageS(msgspec.Struct):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class ChunkS(msgspec.Struct, kw_only=True, omit_defaults=True):
-    id: str
-    object: str
-    created: int
-    model: str
-    seq: int
-    choices: list[ChoiceS]
-    usage: UsageS | None = None
 
 
 class EmbeddingJsonS(msgspec.Struct):
@@ -149,100 +111,6 @@ class ResponseBinS(msgspec.Struct):
     outputs: list[TensorBinS]
 
 
-def _finite(value: float) -> float:
-    if not math.isfinite(value):  # msgspec would write null in JSON
-        raise EncodeError(f"non-finite float {value!r} cannot be carried")
-    return value
-
-
-def _usage_s(usage: Usage | None) -> UsageS | None:
-    if usage is None:
-        return None
-    return UsageS(
-        usage.prompt_tokens, usage.completion_tokens, usage.prompt_tokens + usage.completion_tokens
-    )
-
-
-def _usage(usage: UsageS | None) -> Usage | None:
-    if usage is None:
-        return None
-    return Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens)
-
-
-def _any(value: float) -> float:
-    return value
-
-
-def chunk_to_struct(chunk: TokenChunk, *, binary: bool = False) -> ChunkS:
-    # MessagePack carries any double bit for bit; JSON has no text for NaN or infinities.
-    number = _any if binary else _finite
-    logprobs = chunk.logprobs
-    return ChunkS(
-        id=chunk.id,
-        object=oa.CHUNK_OBJECT,
-        created=chunk.created,
-        model=chunk.model,
-        seq=chunk.seq,
-        choices=[
-            ChoiceS(
-                chunk.index,
-                DeltaS(role="assistant" if chunk.seq == 0 else None, content=chunk.text),
-                None
-                if logprobs is None
-                else LogprobsS(
-                    [
-                        TokenLogprobS(
-                            lp.token,
-                            number(lp.logprob),
-                            list(lp.token.encode()),
-                            [
-                                TopLogprobS(t.token, number(t.logprob), list(t.token.encode()))
-                                for t in lp.top
-                            ],
-                        )
-                        for lp in logprobs
-                    ]
-                ),
-                chunk.finish_reason,
-                list(chunk.token_ids),
-            )
-        ],
-        usage=_usage_s(chunk.usage),
-    )
-
-
-def chunk_from_struct(s: ChunkS) -> TokenChunk:
-    if s.object != oa.CHUNK_OBJECT:
-        raise DecodeError(f"not a {oa.CHUNK_OBJECT}: object={s.object!r}")
-    if len(s.choices) != 1:
-        raise DecodeError(f"expected one choice, got {len(s.choices)}")
-    choice = s.choices[0]
-    logprobs = choice.logprobs
-    return new_token_chunk(
-        s.id,
-        s.model,
-        s.created,
-        choice.index,
-        s.seq,
-        tuple(choice.token_ids),
-        choice.delta.content,
-        None
-        if logprobs is None
-        else tuple(
-            [
-                new_token_logprob(
-                    lp.token,
-                    lp.logprob,
-                    tuple([new_top_logprob(t.token, t.logprob) for t in lp.top_logprobs]),
-                )
-                for lp in logprobs.content
-            ]
-        ),
-        choice.finish_reason,
-        _usage(s.usage),
-    )
-
-
 def _tensor_struct(t: Tensor, binary: bool) -> Any:
     obj = oa.tensor_to_obj(t, binary=binary)
     return (TensorBinS if binary else TensorJsonS)(**obj)
@@ -257,13 +125,14 @@ def _tensor(s: TensorJsonS | TensorBinS, binary: bool) -> Tensor:
 class _MsgspecCodec(Codec):
     binary: ClassVar[bool]
 
-    def __init__(self, *, max_depth: int, max_elements: int) -> None:
+    def __init__(self, *, max_depth: int, max_elements: int, extensions: bool = True) -> None:
         self._scan, self._scan_above = limit_scan(self.binary, max_depth, max_elements)
         self.max_depth = max_depth
         self.max_elements = max_elements
+        self.extensions = oa.checked_extensions(self.name, self.binary, extensions)
         binary = self.binary
         self._to_struct: dict[type[Any], Any] = {
-            TokenChunk: lambda c: chunk_to_struct(c, binary=binary),
+            TokenChunk: lambda c: chunk_to_struct(c, binary=binary, extensions=extensions),
             EmbeddingBatch: self._embeddings_struct,
             InferRequest: lambda r: (RequestBinS if binary else RequestJsonS)(
                 r.model, r.id, [_tensor_struct(t, binary) for t in r.inputs]
@@ -273,7 +142,9 @@ class _MsgspecCodec(Codec):
             ),
         }
         self._from_struct: dict[type[Any], tuple[type[Any], Any]] = {
-            TokenChunk: (ChunkS, chunk_from_struct),
+            TokenChunk: (ChunkS, chunk_from_struct)
+            if extensions
+            else (AnyChunkS, lambda s: chunk_from_any_struct(s, 0)),
             EmbeddingBatch: (EmbeddingsBinS if binary else EmbeddingsJsonS, self._embeddings),
             InferRequest: (
                 RequestBinS if binary else RequestJsonS,
@@ -307,7 +178,7 @@ class _MsgspecCodec(Codec):
         item: type[Any] = EmbeddingBinS if self.binary else EmbeddingJsonS
         batch_struct: type[Any] = EmbeddingsBinS if self.binary else EmbeddingsJsonS
         return batch_struct(
-            obj["object"], [item(**d) for d in obj["data"]], obj["model"], _usage_s(batch.usage)
+            obj["object"], [item(**d) for d in obj["data"]], obj["model"], usage_s(batch.usage)
         )
 
     def _embeddings(self, s: Any) -> EmbeddingBatch:
@@ -320,7 +191,7 @@ class _MsgspecCodec(Codec):
         return EmbeddingBatch(
             model=s.model,
             vectors=oa.embeddings_from_obj(obj, binary=self.binary).vectors,
-            usage=_usage(s.usage),
+            usage=usage_from_s(s.usage),
         )
 
     def encode(self, message: Any, /) -> bytes:
@@ -338,14 +209,32 @@ class _MsgspecCodec(Codec):
         entry = self._from_struct.get(type_)
         if entry is None:
             raise DecodeError(f"codec {self.name!r} cannot decode into {type_!r}")
+        return cast("M", self._decode(data, type_, entry[1]))
+
+    def _decode(self, data: BytesLike, type_: type[Any], from_struct: Any) -> Any:
         if _nbytes(data) > self._scan_above:
             self._scan(data, self.max_depth, self.max_elements)
         try:
-            return cast("M", entry[1](self._decoders[type_].decode(data)))
+            return from_struct(self._decoders[type_].decode(data))
         except CodecError:
             raise
         except (msgspec.DecodeError, TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise DecodeError(f"{self.name}: {exc}") from exc
+
+    def _decoder_of(self, type_: type[Any] | None) -> Callable[[BytesLike], Any]:
+        if self.extensions or (type_ or self.default_stream_type) is not TokenChunk:
+            return super()._decoder_of(type_)
+        # chunks without inferwire's seq are numbered by their place in the stream
+        positions = itertools.count()
+
+        def decode_chunk(data: BytesLike) -> TokenChunk:
+            position = next(positions)
+            return cast(
+                "TokenChunk",
+                self._decode(data, TokenChunk, lambda s: chunk_from_any_struct(s, position)),
+            )
+
+        return decode_chunk
 
 
 class MsgspecJsonCodec(_MsgspecCodec):
@@ -362,10 +251,11 @@ class MsgspecJsonCodec(_MsgspecCodec):
         framing: Framing | None = None,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
+        extensions: bool = True,
     ) -> None:
         self._use_framing(framing)
         self._encoder = msgspec.json.Encoder()
-        super().__init__(max_depth=max_depth, max_elements=max_elements)
+        super().__init__(max_depth=max_depth, max_elements=max_elements, extensions=extensions)
 
     def _make_decoder(self, struct: type[Any]) -> Any:
         return msgspec.json.Decoder(struct)
@@ -381,10 +271,14 @@ class MsgspecMsgpackCodec(_MsgspecCodec):
     binary: ClassVar[bool] = True
 
     def __init__(
-        self, *, max_depth: int = DEFAULT_MAX_DEPTH, max_elements: int = DEFAULT_MAX_ELEMENTS
+        self,
+        *,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+        extensions: bool = True,
     ) -> None:
         self._encoder = msgspec.msgpack.Encoder()
-        super().__init__(max_depth=max_depth, max_elements=max_elements)
+        super().__init__(max_depth=max_depth, max_elements=max_elements, extensions=extensions)
 
     def _make_decoder(self, struct: type[Any]) -> Any:
         return msgspec.msgpack.Decoder(struct)

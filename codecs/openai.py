@@ -4,9 +4,14 @@ Shared by the dict-based codecs (``json``, ``orjson``, ``msgpack``), so that eac
 encodes exactly what a client of such a server receives:
 
 - a :class:`TokenChunk` is an OpenAI ``chat.completion.chunk`` (``choices[0].delta.content``,
-  ``choices[0].logprobs.content[i].top_logprobs``, ``usage`` on the last chunk). Two fields
-  OpenAI does not define ride along, as vLLM's ``return_token_ids`` does: ``choices[0].
-  token_ids`` and the top-level ``seq``; OpenAI clients ignore unknown fields.
+  ``choices[0].logprobs.content[i].top_logprobs``, ``usage`` on the last chunk). With
+  ``extensions`` (the default), two fields OpenAI does not define ride along, as vLLM's
+  ``return_token_ids`` does: ``choices[0].token_ids`` and the top-level ``seq``, which a
+  stream needs to prove itself whole (:mod:`inferwire.codecs.integrity`); OpenAI clients
+  ignore unknown fields. Without, the chunk has exactly the fields vLLM sends (``logprobs``
+  included, ``null`` when absent, as vLLM and OpenAI write it), and reading one is tolerant of
+  what such a server leaves out: ``seq`` is then the chunk's place in its stream (0 read
+  alone), ``token_ids`` empty, a missing ``logprobs`` or ``content`` null or empty.
 - an :class:`EmbeddingBatch` is an OpenAI embeddings response (``data[i].embedding``); with
   ``binary=True`` each row is its raw float32 bytes (as ``encoding_format="base64"`` carries
   them, without the base64).
@@ -68,7 +73,8 @@ def _logprob_obj(lp: TokenLogprob, number: Callable[[float], float]) -> Obj:
     }
 
 
-def _usage_obj(usage: Usage | None) -> Obj | None:
+def usage_obj(usage: Usage | None) -> Obj | None:
+    """OpenAI's ``usage`` object (``total_tokens`` is the sum)."""
     if usage is None:
         return None
     return {
@@ -78,7 +84,12 @@ def _usage_obj(usage: Usage | None) -> Obj | None:
     }
 
 
-def chunk_to_obj(chunk: TokenChunk, *, binary: bool = False) -> Obj:
+def logprobs_content(logprobs: tuple[TokenLogprob, ...]) -> list[Obj]:
+    """``logprobs.content`` of a chat completion (or of one chunk) in JSON."""
+    return [_logprob_obj(lp, _finite) for lp in logprobs]
+
+
+def chunk_to_obj(chunk: TokenChunk, *, binary: bool = False, extensions: bool = True) -> Obj:
     # MessagePack carries any double bit for bit; JSON has no text for NaN or infinities.
     number = _any if binary else _finite
     delta: Obj = (
@@ -92,18 +103,19 @@ def chunk_to_obj(chunk: TokenChunk, *, binary: bool = False) -> Obj:
         if logprobs is None
         else {"content": [_logprob_obj(lp, number) for lp in logprobs]},
         "finish_reason": chunk.finish_reason,
-        "token_ids": list(chunk.token_ids),
     }
     obj: Obj = {
         "id": chunk.id,
         "object": CHUNK_OBJECT,
         "created": chunk.created,
         "model": chunk.model,
-        "seq": chunk.seq,
-        "choices": [choice],
     }
+    if extensions:  # in this order, so the bytes are what they were before the option
+        choice["token_ids"] = list(chunk.token_ids)
+        obj["seq"] = chunk.seq
+    obj["choices"] = [choice]
     if chunk.usage is not None:
-        obj["usage"] = _usage_obj(chunk.usage)
+        obj["usage"] = usage_obj(chunk.usage)
     return obj
 
 
@@ -126,6 +138,20 @@ def _float(value: Any) -> float:
     if type(value) is int:
         return float(value)
     raise TypeError(f"expected a number, got {type(value).__name__}")
+
+
+read_number: Final = _float
+"""How a logprob is read by a parser that never yields an infinity."""
+
+
+def checked_extensions(codec: str, binary: bool, extensions: bool) -> bool:
+    """``extensions`` of a codec's constructor: only the JSON codecs can leave inferwire's
+    fields out (OpenAI's wire is JSON; a binary stream is inferwire's own and carries all)."""
+    if type(extensions) is not bool:
+        raise ValueError("extensions must be True or False")
+    if binary and not extensions:
+        raise ValueError(f"codec {codec!r} always carries inferwire's fields (extensions)")
+    return extensions
 
 
 def finite_float(value: Any) -> float:
@@ -153,26 +179,44 @@ def _token_logprob(obj: Obj, number: Callable[[Any], float]) -> TokenLogprob:
     )
 
 
-def chunk_from_obj(obj: Obj, number: Callable[[Any], float] = _float) -> TokenChunk:
+def chunk_from_obj(
+    obj: Obj, number: Callable[[Any], float] = _float, *, position: int | None = None
+) -> TokenChunk:
     """The chunk in ``obj``; ``number`` reads each logprob (:func:`finite_float` for a parser
-    that reads ``1e400`` as infinity)."""
+    that reads ``1e400`` as infinity). With a ``position`` (the chunk's place in its stream),
+    the chunk may lack inferwire's extensions, as an OpenAI-compatible server writes it (see
+    the module docstring); without, it must carry them."""
     if obj["object"] != CHUNK_OBJECT:
         raise DecodeError(f"not a {CHUNK_OBJECT}: object={obj['object']!r}")
-    (choice,) = obj["choices"]
-    logprobs = choice["logprobs"]
-    token_ids = choice["token_ids"]
+    choices = obj["choices"]
+    if position is not None and not choices:
+        raise DecodeError(
+            "a chunk without choices (the usage chunk of stream_options.include_usage) "
+            "carries no tokens"
+        )
+    (choice,) = choices
+    if position is None:
+        logprobs = choice["logprobs"]
+        token_ids = choice["token_ids"]
+        seq = obj["seq"]
+        content = choice["delta"]["content"]
+    else:
+        logprobs = choice.get("logprobs")
+        token_ids = choice.get("token_ids") or ()
+        seq = obj.get("seq", position)
+        content = choice["delta"].get("content") or ""
     for token_id in token_ids:
         if type(token_id) is not int:
             raise TypeError("token_ids must be integers")
-    finish_reason = choice["finish_reason"]
+    finish_reason = choice["finish_reason"] if position is None else choice.get("finish_reason")
     return new_token_chunk(
         _str(obj["id"]),
         _str(obj["model"]),
         _int(obj["created"]),
         _int(choice["index"]),
-        _int(obj["seq"]),
+        _int(seq),
         tuple(token_ids),
-        _str(choice["delta"]["content"]),
+        _str(content),
         None
         if logprobs is None
         else tuple([_token_logprob(lp, number) for lp in logprobs["content"]]),
@@ -197,7 +241,7 @@ def embeddings_to_obj(batch: EmbeddingBatch, *, binary: bool) -> Obj:
             {"object": "embedding", "index": i, "embedding": row} for i, row in enumerate(rows)
         ],
         "model": batch.model,
-        "usage": _usage_obj(batch.usage),
+        "usage": usage_obj(batch.usage),
     }
 
 

@@ -26,6 +26,9 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.workloads import token_stream_source
 
+MESSAGES = [{"role": "user", "content": "Generate."}]
+"""The ``messages`` of a hand-written chat completion request (the workload makes the tokens)."""
+
 STARTUP_TIMEOUT_S = 60.0
 """A child server imports numpy, grpc and the codecs before it prints its address."""
 

@@ -38,7 +38,8 @@ from tests.fault_helpers import (
 BOUND_S = 20.0
 """Outer bound on an exchange that should take milliseconds: one that fires is a hang."""
 
-_GENERATE = b'{"workload": "stream-16", "stream": true}'
+_GENERATE = b'{"workload": "stream-16", "messages": [{"role": "user"}], "stream": true}'
+assert len(_GENERATE) == 73 == 0x49, "the requests below declare this length"
 _HEAD = (
     b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
 )
@@ -48,29 +49,29 @@ _SMUGGLED = http1_request("POST", "/v1/chat/completions", "application/json", _G
 
 SMUGGLING = [
     pytest.param(
-        _HEAD + b"content-length: 41\r\ntransfer-encoding: chunked\r\n\r\n" + _CHUNKED_GENERATE,
+        _HEAD + b"content-length: 73\r\ntransfer-encoding: chunked\r\n\r\n" + _CHUNKED_GENERATE,
         {400},
         id="length-then-chunked",
     ),
     pytest.param(
-        _HEAD + b"transfer-encoding: chunked\r\ncontent-length: 41\r\n\r\n" + _CHUNKED_GENERATE,
+        _HEAD + b"transfer-encoding: chunked\r\ncontent-length: 73\r\n\r\n" + _CHUNKED_GENERATE,
         {400},
         id="chunked-then-length",
     ),
     pytest.param(
-        _HEAD + b"content-length: 41\r\ncontent-length: 41\r\n\r\n" + _GENERATE,
+        _HEAD + b"content-length: 73\r\ncontent-length: 73\r\n\r\n" + _GENERATE,
         {400},
         id="duplicate-length-same",
     ),
     pytest.param(
-        _HEAD + b"content-length: 41\r\ncontent-length: 0\r\n\r\n" + _GENERATE,
+        _HEAD + b"content-length: 73\r\ncontent-length: 0\r\n\r\n" + _GENERATE,
         {400},
         id="duplicate-length-different",
     ),
     pytest.param(
-        _HEAD + b"content-length: 41, 41\r\n\r\n" + _GENERATE, {400}, id="length-as-a-list"
+        _HEAD + b"content-length: 73, 73\r\n\r\n" + _GENERATE, {400}, id="length-as-a-list"
     ),
-    pytest.param(_HEAD + b"content-length: +41\r\n\r\n" + _GENERATE, {400}, id="length-plus-sign"),
+    pytest.param(_HEAD + b"content-length: +73\r\n\r\n" + _GENERATE, {400}, id="length-plus-sign"),
     pytest.param(
         _HEAD + b"transfer-encoding: gzip, chunked\r\n\r\n" + _CHUNKED_GENERATE,
         {501},
@@ -87,7 +88,7 @@ SMUGGLING = [
         id="chunked-twice",
     ),
     pytest.param(
-        _HEAD + b"content-length : 41\r\n\r\n" + _GENERATE, {400}, id="space-before-colon-length"
+        _HEAD + b"content-length : 73\r\n\r\n" + _GENERATE, {400}, id="space-before-colon-length"
     ),
     pytest.param(
         _HEAD + b"transfer-encoding : chunked\r\n\r\n" + _CHUNKED_GENERATE,
@@ -95,7 +96,7 @@ SMUGGLING = [
         id="space-before-colon-chunked",
     ),
     pytest.param(
-        _HEAD + b"transfer-encoding: chunked\r\n\r\n29\r\n" + _GENERATE + b"XX0\r\n\r\n",
+        _HEAD + b"transfer-encoding: chunked\r\n\r\n49\r\n" + _GENERATE + b"XX0\r\n\r\n",
         {400},
         id="chunk-without-crlf",
     ),
@@ -105,7 +106,7 @@ SMUGGLING = [
         id="chunk-longer-than-its-size",
     ),
     pytest.param(
-        _HEAD + b"content-length: 41\r\nx-folded: a\r\n b\r\n\r\n" + _GENERATE,
+        _HEAD + b"content-length: 73\r\nx-folded: a\r\n b\r\n\r\n" + _GENERATE,
         {400},
         id="obsolete-line-folding",
     ),
@@ -170,7 +171,7 @@ def test_http1_requests_before_a_refused_one_are_answered_in_order() -> None:
                 ic.get("orjson").encode(infer_request()),
                 close=False,
             )
-            bad = _HEAD + b"content-length: 41\r\ncontent-length: 0\r\n\r\n" + _GENERATE
+            bad = _HEAD + b"content-length: 73\r\ncontent-length: 0\r\n\r\n" + _GENERATE
             data = await exchange(srv.host, srv.port, good + bad + _SMUGGLED, timeout_s=BOUND_S)
             responses = _responses(data)
             assert [status for status, _, _ in responses] == [200, 400]

@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from inferwire.transports import http2
-from tests.fault_helpers import serving
+from tests.fault_helpers import MESSAGES, serving
 
 H2LOAD = shutil.which("h2load")
 REQUESTS = 20_000
@@ -82,7 +82,7 @@ def test_h2load_token_streams_at_the_stream_limit_all_succeed(
     """``h2load -c C -m M -n 20000`` of streamed chat completions: none fails."""
     assert H2LOAD is not None
     body = tmp_path / "body.json"
-    body.write_bytes(orjson.dumps({"workload": "stream-16", "stream": True}))
+    body.write_bytes(orjson.dumps({"workload": "stream-16", "messages": MESSAGES, "stream": True}))
 
     async def run() -> str:
         async with serving("http2") as srv:

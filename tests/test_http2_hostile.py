@@ -42,7 +42,7 @@ import inferwire.transports as it
 from inferwire.transports import errors as it_errors
 from inferwire.transports import h2guard, http2
 from inferwire.transports.http2.server import ServerProtocol
-from tests.fault_helpers import Running, assert_serves, serving, wait_until
+from tests.fault_helpers import MESSAGES, Running, assert_serves, serving, wait_until
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 CLOSED_S = 20.0
@@ -277,7 +277,7 @@ def test_http2_rapid_reset_is_bounded_and_calmed() -> None:
     """10,000 requests each reset at once: handlers of reset streams are cancelled, never more
     than MAX_HANDLERS run at once, and the server sends GOAWAY(ENHANCE_YOUR_CALM)."""
     pairs = 10_000
-    body = orjson.dumps({"workload": "stream-16", "stream": True})
+    body = orjson.dumps({"workload": "stream-16", "messages": MESSAGES, "stream": True})
     content_type = hpack_literal(b"content-type", b"application/json", index=False)
 
     async def run() -> None:
@@ -317,7 +317,7 @@ def test_http2_rapid_reset_is_bounded_and_calmed() -> None:
     asyncio.run(run())
 
 
-_STREAM_BODY = orjson.dumps({"workload": "stream-16", "stream": True})
+_STREAM_BODY = orjson.dumps({"workload": "stream-16", "messages": MESSAGES, "stream": True})
 _CONTENT_TYPE = hpack_literal(b"content-type", b"application/json", index=False)
 
 
@@ -601,7 +601,7 @@ class _H2Client:
 
     def request(self, workload: str) -> int:
         stream_id = self.conn.get_next_available_stream_id()
-        body = orjson.dumps({"workload": workload, "stream": True})
+        body = orjson.dumps({"workload": workload, "messages": MESSAGES, "stream": True})
         self.conn.send_headers(
             stream_id,
             [

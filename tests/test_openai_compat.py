@@ -6,6 +6,7 @@ so a client written against OpenAI reads every chunk we send, field for field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from typing import Any
@@ -154,3 +155,125 @@ def test_the_msgpack_codecs_write_the_json_object_too(chunk: ic.TokenChunk) -> N
     for name in MSGPACK_CODECS:
         unpacked: Any = msgpack.unpackb(ic.get(name).encode(chunk), raw=False)
         assert unpacked == expected, name
+
+
+# -- without inferwire's extensions: the chunk vLLM writes ---------------------------------
+
+CHUNK = workloads.get("stream-16").messages()[0]
+
+VLLM_CHUNK_KEYS = {"id", "object", "created", "model", "choices"}
+VLLM_CHOICE_KEYS = {"index", "delta", "logprobs", "finish_reason"}
+
+
+@pytest.mark.parametrize("name", JSON_CODECS)
+@pytest.mark.parametrize("workload", STREAMS)
+def test_without_extensions_a_chunk_has_the_fields_vllm_writes(name: str, workload: str) -> None:
+    codec = ic.get(name, extensions=False)
+    for chunk in workloads.get(workload).messages():
+        assert isinstance(chunk, ic.TokenChunk)
+        payload = codec.encode(chunk)
+        check_openai_chunk(payload, chunk)
+        obj = json.loads(payload)
+        assert set(obj) == VLLM_CHUNK_KEYS | ({"usage"} if chunk.usage else set())
+        assert set(obj["choices"][0]) == VLLM_CHOICE_KEYS
+        assert obj["choices"][0]["logprobs"] is None or chunk.logprobs is not None
+
+
+@given(chunk=openai_chunks)
+def test_without_extensions_the_json_codecs_write_the_same_object(chunk: ic.TokenChunk) -> None:
+    objects = [json.loads(ic.get(n, extensions=False).encode(chunk)) for n in JSON_CODECS]
+    assert all(o == objects[0] for o in objects[1:])
+    with_extensions = json.loads(ic.get("json").encode(chunk))
+    del with_extensions["seq"], with_extensions["choices"][0]["token_ids"]
+    assert objects[0] == with_extensions
+
+
+@pytest.mark.parametrize("name", JSON_CODECS)
+def test_extensions_are_the_default(name: str) -> None:
+    assert ic.get(name).encode(CHUNK) == ic.get(name, extensions=True).encode(CHUNK)
+    assert ic.get(name).extensions is True  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", JSON_CODECS)
+@pytest.mark.parametrize("workload", STREAMS)
+def test_without_extensions_a_stream_reads_back_numbered_by_place(name: str, workload: str) -> None:
+    """What is not sent cannot come back: token ids are empty, seq is the chunk's place."""
+    codec = ic.get(name, extensions=False)
+    chunks = workloads.get(workload).messages()
+    encoder = codec.stream_encoder()
+    wire = b"".join(encoder.encode(c) for c in chunks) + encoder.end()
+    decoder = codec.stream_decoder()
+    got = decoder.feed(wire)
+    decoder.close()
+    assert got == [
+        dataclasses.replace(c, token_ids=()) for c in chunks if isinstance(c, ic.TokenChunk)
+    ]
+    # a stream without token ids cannot prove itself whole
+    verifier = ic.StreamVerifier()
+    for chunk in got:
+        verifier.check(chunk)
+    with pytest.raises(ic.IncompleteStreamError):
+        verifier.finish()
+
+
+# What OpenAI-compatible servers send that inferwire does not write, read without extensions.
+FOREIGN_CHUNKS = {
+    "vllm role chunk": (
+        b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+        b'[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+        b'"finish_reason":null}]}',
+        ic.TokenChunk(id="c", model="m", created=1, index=0, seq=7, token_ids=(), text=""),
+    ),
+    "vllm finish chunk, empty delta": (
+        b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+        b'[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}',
+        ic.TokenChunk(
+            id="c", model="m", created=1, index=0, seq=7, token_ids=(), text="",
+            finish_reason="stop",
+        ),
+    ),
+    "openai: no logprobs key, usage null, token ids": (
+        b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+        b'"system_fingerprint":"fp","usage":null,"choices":[{"index":0,"delta":'
+        b'{"content":"hi","refusal":null},"finish_reason":null,"token_ids":[5]}]}',
+        ic.TokenChunk(id="c", model="m", created=1, index=0, seq=7, token_ids=(5,), text="hi"),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", JSON_CODECS)
+@pytest.mark.parametrize("case", FOREIGN_CHUNKS)
+def test_without_extensions_any_openai_chunk_is_read(name: str, case: str) -> None:
+    payload, want = FOREIGN_CHUNKS[case]
+    decoder = ic.get(name, extensions=False).stream_decoder()
+    got = decoder.feed(b"".join([b"data: " + payload + b"\n\n"] * 8) + b"data: [DONE]\n\n")
+    decoder.close()
+    assert got[7] == want
+    assert [c.seq for c in got] == list(range(8))
+    assert ic.get(name, extensions=False).decode(payload, ic.TokenChunk).seq == 0
+    with pytest.raises(ic.DecodeError):  # with extensions, a chunk must carry them
+        ic.get(name).decode(payload, ic.TokenChunk)
+
+
+@pytest.mark.parametrize("name", JSON_CODECS)
+def test_the_usage_chunk_is_not_a_token_chunk(name: str) -> None:
+    payload = (
+        b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+        b'"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}'
+    )
+    with pytest.raises(ic.DecodeError, match="usage"):
+        ic.get(name, extensions=False).decode(payload, ic.TokenChunk)
+
+
+@pytest.mark.parametrize("name", MSGPACK_CODECS)
+def test_only_the_json_codecs_leave_the_extensions_out(name: str) -> None:
+    """OpenAI's wire is JSON: a MessagePack stream is inferwire's own and carries them all."""
+    assert ic.get(name, extensions=True).encode(CHUNK) == ic.get(name).encode(CHUNK)
+    with pytest.raises(ValueError, match="always carries"):
+        ic.get(name, extensions=False)
+
+
+@pytest.mark.parametrize("name", JSON_CODECS)
+def test_extensions_must_be_a_bool(name: str) -> None:
+    with pytest.raises(ValueError, match="True or False"):
+        ic.get(name, extensions=1)

@@ -17,14 +17,16 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench.procs import peer_servers, server_process
 from inferwire.bench.report import peers as peers_report
-from inferwire.workloads import token_stream_source
+from inferwire.transports.openai_api import chat_request_body
+from inferwire.workloads import MODEL, token_stream_source
+from tests.fault_helpers import MESSAGES
 
 CODEC = "orjson"
 # (peer, our client's transport, the CLI options that ask for it)
 PEERS = [("uvicorn", "http1", ()), ("hypercorn", "http2", ("--http2",))]
 REQUESTS = [
     it.GenerateRequest(workload="stream-256"),
-    it.GenerateRequest(workload="stream-256", seed=3, max_tokens=17, model="m"),
+    it.GenerateRequest(workload="stream-256", seed=3, max_tokens=17, model=MODEL),
 ]
 
 
@@ -84,7 +86,8 @@ def test_httpx_reads_our_bytes(
         async with httpx.AsyncClient(http1=not http2, http2=http2) as client:
             return await client.post(
                 f"http://{process.address}/v1/chat/completions",
-                json={**request_.to_json_obj(), "stream": True},
+                content=chat_request_body(request_),
+                headers={"content-type": "application/json"},
             )
 
     response = asyncio.run(go())
@@ -100,9 +103,10 @@ def test_httpx_reads_our_bytes(
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"workload": "no-such", "stream": True}, "unknown workload"),
-        ({"workload": "stream-256", "stream": False}, "only streaming"),
-        ({"workload": "stream-256", "seed": -1}, "seed"),
+        ({"workload": "no-such", "stream": True, "messages": MESSAGES}, "unknown workload"),
+        ({"workload": "stream-256", "stream": False, "messages": MESSAGES}, "only streaming"),
+        ({"workload": "stream-256", "seed": -1, "messages": MESSAGES}, "seed"),
+        ({"workload": "stream-256", "stream": True}, "messages"),
     ],
 )
 def test_bad_requests_are_400(

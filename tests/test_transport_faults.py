@@ -38,6 +38,7 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.schemas import inferwire_pb2 as pb
 from tests.fault_helpers import (
+    MESSAGES,
     Handler,
     Running,
     assert_serves,
@@ -138,19 +139,47 @@ def assert_kserve_error_body(status: int, content_type: str, body: bytes, expect
 
 _INFER_JSON = ic.get("orjson").encode(infer_request())
 _CHAT = "/v1/chat/completions"
+_COMPLETIONS = "/v1/completions"
 _INFER = "/v2/models/x/infer"
 _JSON = "application/json"
+
+
+def _chat(**fields: object) -> bytes:
+    """A chat completion request body: valid but for ``fields``."""
+    return orjson.dumps({"messages": MESSAGES, **fields})
+
 
 HTTP_MALFORMED = [
     pytest.param("POST", _CHAT, _JSON, b"{not json", 400, id="invalid-json"),
     pytest.param("POST", _CHAT, _JSON, b"[1, 2]", 400, id="json-not-an-object"),
     pytest.param(
-        "POST", _CHAT, _JSON, b'{"workload": "no-such", "stream": true}', 400, id="unknown-workload"
+        "POST", _CHAT, _JSON, _chat(workload="no-such", stream=True), 400, id="unknown-workload"
     ),
-    pytest.param("POST", _CHAT, _JSON, b'{"max_tokens": -1}', 400, id="negative-max-tokens"),
-    pytest.param("POST", _CHAT, _JSON, b'{"seed": "one"}', 400, id="seed-not-an-integer"),
-    pytest.param("POST", _CHAT, _JSON, b'{"stream": false}', 400, id="not-streaming"),
+    pytest.param("POST", _CHAT, _JSON, _chat(max_tokens=-1), 400, id="negative-max-tokens"),
+    pytest.param("POST", _CHAT, _JSON, _chat(seed="one"), 400, id="seed-not-an-integer"),
+    pytest.param("POST", _CHAT, _JSON, b'{"stream": true}', 400, id="no-messages"),
+    pytest.param("POST", _CHAT, _JSON, _chat(messages=[{"content": "x"}]), 400, id="no-role"),
+    pytest.param("POST", _CHAT, _JSON, _chat(model="no-such"), 404, id="unknown-model"),
+    pytest.param("POST", _CHAT, _JSON, _chat(n=2), 400, id="more-than-one-choice"),
+    pytest.param("POST", _CHAT, _JSON, _chat(stream="yes"), 400, id="stream-not-a-bool"),
+    pytest.param(
+        "POST",
+        _CHAT,
+        _JSON,
+        _chat(stream_options={"include_usage": True}),
+        400,
+        id="stream-options-without-stream",
+    ),
+    pytest.param(
+        "POST", _CHAT, _JSON, _chat(inferwire={"extension": True}), 400, id="unknown-extension"
+    ),
+    pytest.param("POST", _COMPLETIONS, _JSON, b"{}", 400, id="completion-without-prompt"),
+    pytest.param("POST", _COMPLETIONS, _JSON, b'{"prompt": ["a", "b"]}', 400, id="two-prompts"),
     pytest.param("POST", _CHAT, "text/plain", b"{}", 415, id="chat-wrong-content-type"),
+    pytest.param("GET", _CHAT, None, b"", 405, id="chat-by-get"),
+    pytest.param("POST", "/v1/models", _JSON, b"{}", 405, id="models-by-post"),
+    pytest.param("GET", "/v1/models/no-such", None, b"", 404, id="unknown-model-retrieved"),
+    pytest.param("GET", "/v1/embeddings", None, b"", 404, id="unknown-openai-route"),
     pytest.param("POST", _INFER, "text/plain", _INFER_JSON, 415, id="infer-wrong-content-type"),
     pytest.param("POST", _INFER, None, b"\x00\xff garbage", 400, id="infer-no-content-type"),
     pytest.param("POST", _INFER, "application/vnd.msgpack", b"\x80", 415, id="infer-foreign-codec"),

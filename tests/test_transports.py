@@ -37,6 +37,7 @@ from inferwire import workloads
 from inferwire.codecs.delta_codec import DELTA_V2, SUBJECT, DeltaCodec, default_registry
 from inferwire.transports.grpc_transport import GrpcClient
 from inferwire.transports.http1 import Http1Client
+from inferwire.transports.openai_api import chat_request_body
 from inferwire.transports.registry_client import HttpSchemaResolver, http_resolver
 from inferwire.workloads import token_stream_source
 
@@ -274,10 +275,12 @@ def test_rich_stream_equals_the_service(
     servers: CliProcesses, transport: str, codec: str, workload: str
 ) -> None:
     server = servers.server(transport, codec)
-    request = it.GenerateRequest(workload=workload, seed=1, model="served-model")
+    # the OpenAI API answers for the models it serves only (another is a 404: test_openai_api)
+    model = workloads.MODEL if transport.startswith("http") else "served-model"
+    request = it.GenerateRequest(workload=workload, seed=1, model=model)
     chunks = run(stream_once(transport, server.address, codec, request))
     assert chunks == expected(request)
-    assert {chunk.model for chunk in chunks} == {"served-model"}
+    assert {chunk.model for chunk in chunks} == {model}
 
 
 @pytest.mark.parametrize("codec", INFER_CODECS)
@@ -361,12 +364,12 @@ def test_plaintext_client_to_a_tls_server_fails(
 @pytest.mark.parametrize("codec", SSE_CODECS)
 def test_openai_sdk_reads_the_stream(servers: CliProcesses, codec: str) -> None:
     server = servers.server("http1", codec)
-    want = expected(it.GenerateRequest(workload="stream-256", model="tiny"))
+    want = expected(it.GenerateRequest(workload="stream-256"))
     with openai.OpenAI(
         base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=CALL_TIMEOUT_S
     ) as client:
         stream = client.chat.completions.create(
-            model="tiny",
+            model=workloads.MODEL,
             messages=[{"role": "user", "content": "hi"}],
             stream=True,
             extra_body={"workload": "stream-256"},
@@ -378,7 +381,7 @@ def test_openai_sdk_reads_the_stream(servers: CliProcesses, codec: str) -> None:
         c.text for c in want
     )
     assert [e.id for e in events] == [c.id for c in want]
-    assert {e.model for e in events} == {"tiny"}
+    assert {e.model for e in events} == {workloads.MODEL}
     assert events[-1].choices[0].finish_reason == want[-1].finish_reason
 
 
@@ -405,8 +408,8 @@ def test_httpx_h2c_reads_the_sse_stream(servers: CliProcesses) -> None:
         async with _h2c_client(server.url) as client:
             response = await client.post(
                 "/v1/chat/completions",
-                json={**request.to_json_obj(), "stream": True},
-                headers={"accept": "text/event-stream"},
+                content=chat_request_body(request),
+                headers={"accept": "text/event-stream", "content-type": "application/json"},
             )
             await response.aclose()
             return response
@@ -434,7 +437,8 @@ def test_httpx_multiplexes_streams_on_one_connection(servers: CliProcesses) -> N
                         client.stream(
                             "POST",
                             "/v1/chat/completions",
-                            json={**request.to_json_obj(), "stream": True},
+                            content=chat_request_body(request),
+                            headers={"content-type": "application/json"},
                         )
                     )
                     for request in requests

@@ -136,7 +136,7 @@ def test_stream_chunks_are_numbered_and_the_last_one_closes_the_response(name: s
     assert sum(len(c.token_ids) for c in chunks) == tokens
     *body, last = chunks
     assert all(c.finish_reason is None and c.usage is None for c in body)
-    assert last.finish_reason == "length"
+    assert last.finish_reason == "stop"
     assert last.usage is not None
     assert last.usage.completion_tokens == tokens
     assert last.usage.prompt_tokens > 0

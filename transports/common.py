@@ -47,9 +47,15 @@ def resolve_codec(codec: str | ic.Codec) -> ic.Codec:
     return ic.get(codec) if isinstance(codec, str) else codec
 
 
-def error_body(status: int, message: str, kind: str = "invalid_request_error") -> bytes:
-    """An error answer in OpenAI's shape: ``{"error": {"message", "type", "code"}}``."""
-    return orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
+def error_body(
+    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+) -> bytes:
+    """An error answer in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``,
+    with the HTTP status as ``code``, as vLLM writes it (``param``: the request field at fault,
+    if one is)."""
+    return orjson.dumps(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    )
 
 
 def error_detail(body: bytes) -> str:

@@ -1,11 +1,18 @@
-"""The answer an HTTP route gives, sans-IO: what the HTTP/1.1 and HTTP/2 servers send."""
+"""What an HTTP route answers, for the HTTP/1.1 and HTTP/2 servers alike: a status, a content
+type, and a body that is either bytes or an async iterator of frames (sans-IO: the servers
+write it); errors are OpenAI's error object (:func:`~inferwire.transports.common.error_body`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Final
 
+from .common import error_body
 from .timing import ServerStamps
+
+JSON: Final = "application/json"
 
 
 @dataclass(slots=True)
@@ -19,3 +26,23 @@ class Response:
     stamps: ServerStamps | None = None
     """For a timed stream: the sender calls ``stamps.written()`` after each frame it wrote
     and sends ``stamps`` as the ``x-inferwire-timing`` trailer."""
+
+
+def error(
+    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+) -> Response:
+    return Response(status, JSON, error_body(status, message, kind, param))
+
+
+def media(value: str) -> str:
+    """The media type of a Content-Type or Accept entry, without parameters."""
+    return value.split(";", 1)[0].strip().lower()
+
+
+def accepts(accept: str, media_type: str, *, wildcards: bool = True) -> bool:
+    """Whether an Accept header takes ``media_type``, by name or (``wildcards``) by a range
+    (RFC 9110, section 12.5.1; quality values are not weighed, and q=0 is not singled out)."""
+    names = {media_type}
+    if wildcards:
+        names |= {media_type.split("/", 1)[0] + "/*", "*/*"}
+    return any(media(part) in names for part in accept.split(","))

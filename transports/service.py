@@ -9,7 +9,8 @@ Both zero measures serialization and transport alone.
 The service does not build workloads itself: the caller passes a ``source`` that turns a
 request into its chunks (``inferwire serve`` passes the seeded workloads of
 :mod:`inferwire.workloads`). Streams are cached per (workload, seed), so a server times what
-it sends, not how the payload was made.
+it sends, not how the payload was made. ``models`` names the model(s) it serves (what the
+OpenAI API's ``/v1/models`` lists); by default the one the seeded workloads name.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Final
 import orjson
 
 from inferwire.codecs import InferRequest, InferResponse, Tensor, TokenChunk, Usage
+from inferwire.workloads import MODEL
 
 from .errors import BadRequestError
 
@@ -74,14 +76,13 @@ class GenerateRequest:
             obj["timing"] = True
         return obj
 
-    def to_json(self, *, timing: bool = False, stream: bool = False) -> bytes:
-        """The JSON body that asks for this stream: with ``timing``, the server's per-chunk
-        stamps too; with ``stream``, the OpenAI ``"stream": true`` an HTTP route needs."""
+    def to_json(self, *, timing: bool = False) -> bytes:
+        """The JSON body that asks for this stream (with ``timing``, the server's per-chunk
+        stamps too). The HTTP routes take an OpenAI request instead
+        (:func:`~inferwire.transports.openai_api.chat_request_body`)."""
         obj = self.to_json_obj()
         if timing:
             obj["timing"] = True
-        if stream:
-            obj["stream"] = True
         return orjson.dumps(obj)
 
     @classmethod
@@ -128,9 +129,18 @@ class SimulatedService:
         prefill_s: float = 0.0,
         decode_s: float = 0.0,
         cache_size: int = 64,
+        models: Sequence[str] = (MODEL,),
     ) -> None:
         if prefill_s < 0 or decode_s < 0:
             raise ValueError("prefill and decode times cannot be negative")
+        if (
+            isinstance(models, str)
+            or not models
+            or not all(isinstance(m, str) and m for m in models)
+        ):
+            raise ValueError("models must be one or more non-empty names")
+        self.models: tuple[str, ...] = tuple(models)
+        """The names of the models served, the default (a request that names none) first."""
         self.prefill_s = prefill_s
         self.decode_s = decode_s
         self._chunks = functools.lru_cache(maxsize=cache_size)(source)
@@ -154,7 +164,7 @@ class SimulatedService:
             raise BadRequestError(f"workload {request.workload!r} is not a token stream")
         if request.max_tokens is not None:
             chunks = _cut(chunks, request.max_tokens)
-        if request.model:
+        if request.model and request.model != chunks[0].model:
             chunks = [replace(c, model=request.model) for c in chunks]
         return chunks
 

@@ -126,7 +126,9 @@ def token_stream(
                 logprobs=None
                 if top_logprobs is None
                 else tuple(vocab.logprob(i, top_logprobs) for i in step_ids),
-                finish_reason="length" if last else None,
+                # the response ended by itself; "length" is for a cut one (the service's
+                # max_tokens), as OpenAI and vLLM report them
+                finish_reason="stop" if last else None,
                 usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=tokens)
                 if last
                 else None,

@@ -3,9 +3,11 @@
 A Starlette app answers ``POST /v1/chat/completions`` (``"stream": true``) with a
 ``StreamingResponse`` of the same :class:`~inferwire.transports.SimulatedService` and the same
 codec stream encoder as inferwire's HTTP servers, so the body on the wire is byte for byte
-theirs (SSE events ending with ``data: [DONE]`` for the JSON codecs). The request is parsed and
-checked as :class:`~inferwire.transports.httpapp.HttpApp` does (orjson, the same validation),
-so the two sides do the same work; only the HTTP stack differs. It runs under
+theirs (SSE events ending with ``data: [DONE]`` for the JSON codecs; inferwire's clients ask
+for the codec's own chunks, extensions included, which is what this app writes). The request is
+parsed and checked as inferwire's OpenAI route does (orjson,
+:func:`~inferwire.transports.openai_api.parse_request`), so the two sides do the same work;
+only the HTTP stack differs. It runs under
 
 * uvicorn: HTTP/1.1 parsed by httptools, asyncio loop, one worker, no access log (the usual
   production settings short of uvloop, which our servers do not use either);
@@ -38,6 +40,7 @@ import orjson
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.transports.common import error_body
+from inferwire.transports.openai_api import ApiError, parse_request
 from inferwire.workloads import token_stream_source
 
 from . import server_process
@@ -67,12 +70,13 @@ def make_app(service: it.SimulatedService, codec: ic.Codec) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         try:
             obj = orjson.loads(await request.body())
-            generate = it.GenerateRequest.from_json_obj(obj)
-            if isinstance(obj, dict) and obj.get("stream") is False:
+            chat = parse_request(obj, chat=True, models=service.models)
+            if not chat.stream:
                 raise it.BadRequestError("only streaming completions are served: set stream")
-            stream = service.open(generate)  # a bad request is refused before a stream
+            stream = service.open(chat.generate)  # a bad request is refused before a stream
         except (orjson.JSONDecodeError, it.BadRequestError) as exc:
-            return Response(error_body(400, str(exc)), 400, media_type="application/json")
+            status = exc.status if isinstance(exc, ApiError) else 400
+            return Response(error_body(status, str(exc)), status, media_type="application/json")
         return StreamingResponse(
             _frames(service, codec, stream),
             media_type=codec.stream_media_type,

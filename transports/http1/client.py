@@ -17,6 +17,7 @@ import inferwire.codecs as ic
 from ..base import Client
 from ..common import ErrorMap, aclose_quietly, connect_tcp, error_detail, map_exceptions, translate
 from ..errors import MessageTooLargeError, ProtocolError, RemoteError, StreamTruncatedError
+from ..openai_api import chat_request_body
 from ..service import GenerateRequest
 from ..streams import ChunkReader
 from ..timing import TRAILER, StreamTiming, now_ns, unpack_text
@@ -216,7 +217,7 @@ class Http1Client(Client):
     ) -> AsyncIterator[ic.TokenChunk]:
         if timing is not None:
             timing.request_start_ns = now_ns()
-        body = request.to_json(timing=timing is not None, stream=True)
+        body = chat_request_body(request, timing=timing is not None)
         conn, status = await self._send(
             "/v1/chat/completions", "application/json", self.codec.stream_media_type, body, timing
         )

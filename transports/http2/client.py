@@ -35,6 +35,7 @@ from ..errors import (
     StreamTruncatedError,
     TransportTimeoutError,
 )
+from ..openai_api import chat_request_body
 from ..service import GenerateRequest
 from ..streams import ChunkReader
 from ..timing import TRAILER, StreamTiming, now_ns, unpack_text
@@ -365,7 +366,7 @@ class Http2Client(Client):
     ) -> AsyncIterator[ic.TokenChunk]:
         if timing is not None:
             timing.request_start_ns = now_ns()
-        body = request.to_json(timing=timing is not None, stream=True)
+        body = chat_request_body(request, timing=timing is not None)
         protocol, stream_id, stream, status = await self._start(
             "/v1/chat/completions", "application/json", self.codec.stream_media_type, body, timing
         )

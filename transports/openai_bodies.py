@@ -1,0 +1,197 @@
+"""The OpenAI objects a response is made of, built from the service's token chunks: the
+``chat.completion`` and ``text_completion`` bodies of a non-streamed answer, the
+``text_completion`` chunks of a streamed legacy completion, the usage-only chunk of
+``stream_options.include_usage``, and the stream encoders that put usage where OpenAI does.
+
+Shapes follow the OpenAI API reference (the chat completion and chunk objects, the legacy
+completion object) and what vLLM writes for them: ``logprobs`` is ``null`` when absent, the
+usage-only chunk has ``"choices": []``. inferwire's extensions, when a request asks for them,
+add ``token_ids`` to a choice (and ``seq`` to a chunk, as the chat chunk codecs write it).
+A chat chunk itself is the codec's (:mod:`inferwire.codecs.openai`); everything here is plain
+objects written with orjson, whatever the server's codec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Final
+
+import inferwire.codecs as ic
+from inferwire.codecs import openai as oa
+
+Obj = dict[str, Any]
+
+CHAT_COMPLETION: Final = "chat.completion"
+TEXT_COMPLETION: Final = "text_completion"
+
+
+def completion_id(chat_id: str) -> str:
+    """The id of a legacy completion: ``cmpl-`` where a chat completion's is ``chatcmpl-``."""
+    return "cmpl-" + chat_id.removeprefix("chatcmpl-")
+
+
+def _usage(chunks: Sequence[ic.TokenChunk]) -> ic.Usage:
+    """The end marker's usage; a stream whose source left it out counts its own tokens."""
+    usage = chunks[-1].usage
+    if usage is not None:
+        return usage
+    return ic.Usage(prompt_tokens=0, completion_tokens=sum(len(c.token_ids) for c in chunks))
+
+
+def _logprobs(chunks: Sequence[ic.TokenChunk]) -> tuple[ic.TokenLogprob, ...] | None:
+    if chunks[0].logprobs is None:
+        return None
+    return tuple(lp for c in chunks for lp in c.logprobs or ())
+
+
+def chat_completion(chunks: Sequence[ic.TokenChunk], *, extensions: bool) -> Obj:
+    """The ``chat.completion`` object of a whole stream (one choice)."""
+    first, last = chunks[0], chunks[-1]
+    logprobs = _logprobs(chunks)
+    choice: Obj = {
+        "index": first.index,
+        "message": {"role": "assistant", "content": "".join(c.text for c in chunks)},
+        "logprobs": None if logprobs is None else {"content": oa.logprobs_content(logprobs)},
+        "finish_reason": last.finish_reason,
+    }
+    if extensions:
+        choice["token_ids"] = [t for c in chunks for t in c.token_ids]
+    return {
+        "id": first.id,
+        "object": CHAT_COMPLETION,
+        "created": first.created,
+        "model": first.model,
+        "choices": [choice],
+        "usage": oa.usage_obj(_usage(chunks)),
+    }
+
+
+def _legacy_logprobs(logprobs: tuple[ic.TokenLogprob, ...], offset: int) -> Obj:
+    """The legacy completion's ``logprobs``: parallel lists, each token's top alternatives as
+    a map of text to logprob, and each token's character offset in the completion's text."""
+    offsets = []
+    for lp in logprobs:
+        offsets.append(offset)
+        offset += len(lp.token)
+    return {
+        "tokens": [lp.token for lp in logprobs],
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }
+
+
+def _text_choice(
+    chunks: Sequence[ic.TokenChunk], text: str, offset: int, *, extensions: bool
+) -> Obj:
+    logprobs = _logprobs(chunks)
+    choice: Obj = {
+        "index": chunks[0].index,
+        "text": text,
+        "logprobs": None if logprobs is None else _legacy_logprobs(logprobs, offset),
+        "finish_reason": chunks[-1].finish_reason,
+    }
+    if extensions:
+        choice["token_ids"] = [t for c in chunks for t in c.token_ids]
+    return choice
+
+
+def text_completion(chunks: Sequence[ic.TokenChunk], *, extensions: bool) -> Obj:
+    """The legacy ``text_completion`` object of a whole stream (one choice)."""
+    first = chunks[0]
+    text = "".join(c.text for c in chunks)
+    return {
+        "id": completion_id(first.id),
+        "object": TEXT_COMPLETION,
+        "created": first.created,
+        "model": first.model,
+        "choices": [_text_choice(chunks, text, 0, extensions=extensions)],
+        "usage": oa.usage_obj(_usage(chunks)),
+    }
+
+
+def text_completion_chunk(chunk: ic.TokenChunk, offset: int, *, extensions: bool) -> Obj:
+    """One streamed ``text_completion`` chunk; ``offset``: characters of text before it. With
+    ``extensions``, ``seq`` and the usage of the end marker too, as on a chat chunk."""
+    obj: Obj = {
+        "id": completion_id(chunk.id),
+        "object": TEXT_COMPLETION,
+        "created": chunk.created,
+        "model": chunk.model,
+    }
+    if extensions:
+        obj["seq"] = chunk.seq
+    obj["choices"] = [_text_choice((chunk,), chunk.text, offset, extensions=extensions)]
+    if extensions and chunk.usage is not None:
+        obj["usage"] = oa.usage_obj(chunk.usage)
+    return obj
+
+
+def usage_chunk(chunk: ic.TokenChunk, object_: str, usage: ic.Usage) -> Obj:
+    """The last chunk of a stream with ``stream_options.include_usage``: no choices, and the
+    usage of the whole request."""
+    id_ = chunk.id if object_ == oa.CHUNK_OBJECT else completion_id(chunk.id)
+    return {
+        "id": id_,
+        "object": object_,
+        "created": chunk.created,
+        "model": chunk.model,
+        "choices": [],
+        "usage": oa.usage_obj(usage),
+    }
+
+
+class UsageAsOpenAI:
+    """A chat chunk stream as OpenAI sends it: the chunk that carries ``finish_reason`` has no
+    usage, and with ``include_usage`` the usage follows as a chunk of its own.
+
+    ``chunks``: the codec's encoder; ``objects``: an encoder of plain objects in the same
+    framing (for the usage-only chunk)."""
+
+    __slots__ = ("_encode", "_end", "_objects", "include_usage")
+
+    def __init__(
+        self, chunks: ic.StreamEncoder, objects: ic.StreamEncoder, *, include_usage: bool
+    ) -> None:
+        self._encode = chunks.encode
+        self._end = chunks.end
+        self._objects = objects
+        self.include_usage = include_usage
+
+    def encode(self, chunk: ic.TokenChunk, /) -> bytes:
+        usage = chunk.usage
+        if usage is None:
+            return self._encode(chunk)
+        frame = self._encode(replace(chunk, usage=None))
+        if self.include_usage:
+            frame += self._objects.encode(usage_chunk(chunk, oa.CHUNK_OBJECT, usage))
+        return frame
+
+    def end(self) -> bytes:
+        return self._end()
+
+
+class CompletionChunks:
+    """A legacy completion's stream: ``text_completion`` chunks in ``objects``' framing, usage
+    placed as :class:`UsageAsOpenAI` places it (or, with ``extensions``, on the end marker)."""
+
+    __slots__ = ("_objects", "_offset", "extensions", "include_usage")
+
+    def __init__(self, objects: ic.StreamEncoder, *, include_usage: bool, extensions: bool) -> None:
+        self._objects = objects
+        self._offset = 0
+        self.include_usage = include_usage
+        self.extensions = extensions
+
+    def encode(self, chunk: ic.TokenChunk, /) -> bytes:
+        frame = self._objects.encode(
+            text_completion_chunk(chunk, self._offset, extensions=self.extensions)
+        )
+        self._offset += len(chunk.text)
+        if chunk.usage is not None and self.include_usage and not self.extensions:
+            frame += self._objects.encode(usage_chunk(chunk, TEXT_COMPLETION, chunk.usage))
+        return frame
+
+    def end(self) -> bytes:
+        return self._objects.end()
