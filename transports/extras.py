@@ -17,6 +17,8 @@ from typing import Final
 EXTRAS: Final = {
     # import name: (distribution, the extra of pyproject.toml that lists it)
     "grpc": ("grpcio", "grpc"),
+    "grpc_health": ("grpcio-health-checking", "grpc"),
+    "grpc_reflection": ("grpcio-reflection", "grpc"),
     "h2": ("h2", "transports"),
     "httptools": ("httptools", "transports"),
     "trustme": ("trustme", "transports"),
