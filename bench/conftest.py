@@ -11,38 +11,19 @@ from __future__ import annotations
 import gc
 import platform
 from collections.abc import Iterator
-from importlib import metadata
 from typing import Any
 
 import pytest
 
-LIBRARIES = (
-    "inferwire",
-    "numpy",
-    "orjson",
-    "msgpack",
-    "msgspec",
-    "protobuf",
-    "flatbuffers",
-    "grpcio",
-    "pytest-benchmark",
-)
+from inferwire.bench.measure.versions import CORE_LIBRARIES, library_versions
 
-
-def library_versions() -> dict[str, str]:
-    versions = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
+LIBRARIES = (*CORE_LIBRARIES, "pytest-benchmark")
 
 
 def pytest_benchmark_update_machine_info(config: Any, machine_info: dict[str, Any]) -> None:
     from inferwire.codecs.protobuf_codec import BACKEND
 
-    machine_info["libraries"] = library_versions()
+    machine_info["libraries"] = library_versions(LIBRARIES)
     machine_info["protobuf_backend"] = BACKEND
     machine_info["python_implementation"] = platform.python_implementation()
 

@@ -18,7 +18,6 @@ from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from typing import Any, Final
 
 import numpy as np
@@ -26,6 +25,7 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped, unused-ignore]
 
 import inferwire.codecs as ic
+from inferwire.bench.measure.versions import CORE_LIBRARIES, library_versions
 from inferwire.codecs.integrity import AlteredStreamError
 from inferwire.transports import StreamTruncatedError, TransportError
 
@@ -46,21 +46,7 @@ INTEGRITY_KINDS: Final[tuple[tuple[str, tuple[type[BaseException], ...]], ...]] 
 """What each integrity count of a point counts: the failures of these classes (a stream that
 failed verification, or that its transport found cut short before its end marker)."""
 
-LIBRARIES: Final = (
-    "inferwire",
-    "numpy",
-    "orjson",
-    "msgpack",
-    "msgspec",
-    "protobuf",
-    "flatbuffers",
-    "grpcio",
-    "h2",
-    "httptools",
-    "hdrhistogram",
-    "tqdm",
-    "psutil",
-)
+LIBRARIES: Final = (*CORE_LIBRARIES, "h2", "httptools", "hdrhistogram", "tqdm", "psutil")
 
 
 class Histogram:
@@ -314,13 +300,11 @@ class CpuMeter:
 
 
 def versions() -> dict[str, str]:
-    found = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for name in LIBRARIES:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = "not installed"
-    return found
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        **library_versions(LIBRARIES),
+    }
 
 
 def machine() -> dict[str, Any]:
