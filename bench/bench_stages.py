@@ -27,19 +27,10 @@ import pytest
 
 import inferwire.transports as it
 from inferwire.bench.procs import server_process
+from inferwire.transports.timing import REQUEST_STAGES
 from inferwire.workloads import token_stream_source
 
 DECODE_MS = 1.0
-REQUEST_STAGES = (
-    "client serialize",
-    "network to server",
-    "server parse",
-    "service",
-    "server serialize",
-    "write",
-    "network back",
-    "client parse",
-)
 STAGE_CODECS = ("orjson", "protobuf", "delta")
 STAGE_WORKLOAD = "stream-256"
 WAN_DECODE_MS = 10.0

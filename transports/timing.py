@@ -30,6 +30,17 @@ TRAILER: Final = "x-inferwire-timing"
 """Trailer name; its value is base64 of little-endian uint64 triples (gRPC: the ``-bin`` form
 carries the raw bytes)."""
 MAX_CHUNKS: Final = 1 << 22
+REQUEST_STAGES: Final = (
+    "client serialize",
+    "network to server",
+    "server parse",
+    "service",
+    "server serialize",
+    "write",
+    "network back",
+    "client parse",
+)
+"""The stages of :meth:`StreamTiming.request_stages_ns`, in the order a request meets them."""
 
 now_ns = time.monotonic_ns
 
@@ -71,16 +82,18 @@ class StreamTiming:
         if not (self.request_start_ns and received and len(self.server) and self.decoded_ns):
             return {}
         produced, encoded, written = (int(v) for v in self.server[0])
-        return {
-            "client serialize": self.request_sent_ns - self.request_start_ns,
-            "network to server": received - self.request_sent_ns,
-            "server parse": parsed - received,
-            "service": produced - parsed,
-            "server serialize": encoded - produced,
-            "write": written - encoded,
-            "network back": self.received_ns[0] - written,
-            "client parse": self.decoded_ns[0] - self.received_ns[0],
-        }
+        stamps = (
+            self.request_start_ns,
+            self.request_sent_ns,
+            received,
+            parsed,
+            produced,
+            encoded,
+            written,
+            self.received_ns[0],
+            self.decoded_ns[0],
+        )
+        return {name: stamps[i + 1] - stamps[i] for i, name in enumerate(REQUEST_STAGES)}
 
     def stages_ns(self) -> dict[str, np.ndarray]:
         """Per chunk: ``serialize`` (server encode), ``write`` (until the write returned),

@@ -7,20 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from inferwire.transports.timing import REQUEST_STAGES
+
 from .results import STAGES_RAW, records
 from .tables import ms, table
 
 STAGE_NAMES = ("serialize", "write", "network", "parse")
-REQUEST_STAGE_NAMES = (
-    "client serialize",
-    "network to server",
-    "server parse",
-    "service",
-    "server serialize",
-    "write",
-    "network back",
-    "client parse",
-)
 
 
 def section(raw_dir: Path) -> str:
@@ -45,7 +37,7 @@ def section(raw_dir: Path) -> str:
         us = r["request_stages_us"]
         request_rows.append(
             [f"`{r['transport']}`", f"`{r['codec']}`"]
-            + [f"{us[name]:,.1f}" for name in REQUEST_STAGE_NAMES]
+            + [f"{us[name]:,.1f}" for name in REQUEST_STAGES]
             + [f"{sum(us.values()):,.1f}"]
         )
     wan = {(r["transport"], r["path"], r["pattern"]): r for r in results if r["op"] == "wan-share"}
@@ -107,7 +99,7 @@ def section(raw_dir: Path) -> str:
             "",
             "![request stages](plots/request_stages.png)",
             "",
-            table(["transport", "codec", *REQUEST_STAGE_NAMES, "total"], request_rows),
+            table(["transport", "codec", *REQUEST_STAGES, "total"], request_rows),
             "",
             "### What the network adds (WAN-delay proxy)",
             "",
@@ -173,7 +165,7 @@ def plot(raw_dir: Path, out_dir: Path) -> list[Path]:
             _stacked(
                 with_request,
                 "request_stages_us",
-                REQUEST_STAGE_NAMES,
+                REQUEST_STAGES,
                 "One request to its first token",
                 out_dir / "plots" / "request_stages.png",
             )
