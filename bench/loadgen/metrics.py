@@ -16,7 +16,7 @@ import sys
 import time
 from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -135,12 +135,48 @@ class Slo:
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRecord:
+    """One request of a point, as the per-request records (CSV, JSONL) and the timeline give it.
+    Times are from the request's intended send time, as every latency of the generator."""
+
+    index: int
+    """Its place in the point's schedule, from 0."""
+    intended_s: float
+    """Its intended send time, seconds after the point's first."""
+    queue_wait_ms: float
+    """Intended send time to the moment it was sent (the generator's lag, or a wait for a
+    connection or a slot)."""
+    ok: bool
+    error: str | None
+    """The failure's name (:func:`error_name`), ``None`` when ``ok``."""
+    ttft_ms: float | None
+    e2e_ms: float
+    """To the end of the stream, or to the failure."""
+    output_tokens: int
+    chunks: int
+    """Chunks that carried a token."""
+    tpot_ms: float | None
+    itl_max_ms: float | None
+    """The longest gap between two token-carrying chunks."""
+    input_tokens: int | None
+    """The prompt's tokens, as the server's usage gives them (else as known, else None)."""
+    measured: bool = True
+    """False for a request in a warm-up or cool-down window: kept out of the statistics."""
+
+
+RecordSink = Callable[[RequestRecord], object]
+
+
 class Recorder:
     """Everything one load point measures: the generator calls :meth:`completed_stream` or
     :meth:`failed` once per request, and records lags and gaps into the histograms itself."""
 
-    def __init__(self, slo: Slo = Slo()) -> None:
+    def __init__(self, slo: Slo = Slo(), *, on_record: RecordSink | None = None) -> None:
         self.slo = slo
+        self.on_record = on_record
+        """Called with each request's :class:`RequestRecord` as it ends."""
+        self.records: list[RequestRecord] = []
         self.ttft = Histogram()
         self.tpot = Histogram()
         self.itl_per_token = Histogram(spread=True)
@@ -199,6 +235,11 @@ class Recorder:
             kind = integrity_kind(exc)
             if kind is not None:
                 self.integrity[kind] += 1
+
+    def add_record(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
 
     def histograms(self) -> dict[str, Histogram]:
         return {

@@ -193,20 +193,23 @@ class _Run:
         self.on_done = on_done
         self.expected = expected
         self.in_flight = 0
+        self.start_ns = 0
 
-    async def send(self, intended_ns: int) -> None:
+    async def send(self, index: int, intended_ns: int) -> None:
         """One request, start to end; never raises but for cancellation."""
         recorder = self.recorder
-        recorder.queue_wait.record_ns(now_ns() - intended_ns)
+        sent_ns = now_ns()
+        recorder.queue_wait.record_ns(sent_ns - intended_ns)
         self.in_flight += 1
         recorder.max_in_flight = max(recorder.max_in_flight, self.in_flight)
         stream: AsyncIterator[ic.TokenChunk] | None = None
+        first_ns = previous_ns = 0
+        tokens = 0
+        gaps_ns: list[int] = []  # recorded once the stream is whole: a failure has no ITL
+        chunk_tokens: list[int] = []
+        error: str | None = None
         try:
             stream = self.target.generate(self.request)
-            first_ns = previous_ns = 0
-            tokens = 0
-            gaps_ns: list[int] = []  # recorded once the stream is whole: a failure has no ITL
-            chunk_tokens: list[int] = []
             verifier = StreamVerifier(self.expected)
             check = verifier.check
             async for chunk in stream:
@@ -222,10 +225,11 @@ class _Run:
                 previous_ns = arrived_ns
                 tokens += count
             verifier.finish()
+            done_ns = now_ns()
             recorder.completed_stream(
                 intended_ns=intended_ns,
                 first_token_ns=first_ns,
-                done_ns=now_ns(),
+                done_ns=done_ns,
                 output_tokens=tokens,
                 gaps_ns=gaps_ns,
                 chunk_tokens=chunk_tokens,
@@ -235,18 +239,35 @@ class _Run:
             if stream is not None:  # one left mid-way is cancelled, not left to the GC
                 await aiter_close(stream)
             recorder.failed(exc, done_ns)
+            error = metrics.error_name(exc)
         finally:
             self.in_flight -= 1
             if self.on_done is not None:
                 self.on_done()
+        recorder.add_record(
+            metrics.RequestRecord(
+                index=index,
+                intended_s=(intended_ns - self.start_ns) / 1e9,
+                queue_wait_ms=(sent_ns - intended_ns) / 1e6,
+                ok=error is None,
+                error=error,
+                ttft_ms=(first_ns - intended_ns) / 1e6 if tokens else None,
+                e2e_ms=(done_ns - intended_ns) / 1e6,
+                output_tokens=tokens,
+                chunks=len(gaps_ns) + (1 if tokens else 0),
+                tpot_ms=(done_ns - first_ns) / (tokens - 1) / 1e6 if tokens > 1 else None,
+                itl_max_ms=max(gaps_ns) / 1e6 if gaps_ns else None,
+                input_tokens=None,
+            )
+        )
 
-    async def uncapped(self, intended_ns: int) -> None:
+    async def uncapped(self, index: int, intended_ns: int) -> None:
         self.recorder.send_lag.record_ns(now_ns() - intended_ns)
-        await self.send(intended_ns)
+        await self.send(index, intended_ns)
 
-    async def worker(self, due: asyncio.Queue[int | None]) -> None:
-        while (intended_ns := await due.get()) is not None:
-            await self.send(intended_ns)
+    async def worker(self, due: asyncio.Queue[tuple[int, int] | None]) -> None:
+        while (item := await due.get()) is not None:
+            await self.send(*item)
 
     async def schedule(
         self, start_ns: int, offsets_ns: np.ndarray, concurrency: int | None
@@ -254,22 +275,23 @@ class _Run:
         """Start each request at its time; returns the tasks that are still to finish."""
         loop = asyncio.get_running_loop()
         tasks: set[asyncio.Task[None]] = set()
-        due: asyncio.Queue[int | None] = asyncio.Queue()
+        self.start_ns = start_ns
+        due: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
         if concurrency is not None:
             workers = [loop.create_task(self.worker(due)) for _ in range(concurrency)]
         lag = self.recorder.send_lag
-        for offset_ns in offsets_ns.tolist():
+        for index, offset_ns in enumerate(offsets_ns.tolist()):
             intended_ns = start_ns + offset_ns
             delay_ns = intended_ns - now_ns()
             if delay_ns > 0:
                 await asyncio.sleep(delay_ns / 1e9)
             if concurrency is None:
-                task = loop.create_task(self.uncapped(intended_ns))
+                task = loop.create_task(self.uncapped(index, intended_ns))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             else:
                 lag.record_ns(now_ns() - intended_ns)
-                due.put_nowait(intended_ns)
+                due.put_nowait((index, intended_ns))
         if concurrency is None:
             return list(tasks)
         for _ in workers:
