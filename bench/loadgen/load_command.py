@@ -83,6 +83,7 @@ from inferwire.transports.arguments import CommandError
 from . import metrics
 from .metrics import Slo
 from .openloop import (
+    ARRIVALS,
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_DURATION_S,
     LoadSpec,
@@ -334,9 +335,7 @@ def add_commands(commands: arguments.Commands) -> None:
         default="10",
         help="requests/s (inf: all at once); a list sweeps, e.g. 10,20,40",
     )
-    load.add_argument(
-        "--arrival", choices=("poisson", "gamma"), default="poisson", help="the arrival process"
-    )
+    load.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="the arrival process")
     load.add_argument(
         "--burstiness",
         type=arguments.positive,

@@ -166,16 +166,44 @@ class RequestRecord:
 
 
 RecordSink = Callable[[RequestRecord], object]
+_NO_END_NS: Final = 1 << 62
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Window:
+    """The intended send times whose requests count, in nanoseconds after the schedule's first:
+    from ``from_ns`` to ``until_ns``, both included. The requests before (warm-up) and after
+    (cool-down) are sent as usual and kept out of every statistic."""
+
+    from_ns: int = 0
+    until_ns: int = _NO_END_NS
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.from_ns <= self.until_ns:
+            raise ValueError("the measured window must start at or after 0 and end after it")
+
+    def seconds(self) -> list[float]:
+        return [self.from_ns / 1e9, self.until_ns / 1e9]
 
 
 class Recorder:
     """Everything one load point measures: the generator calls :meth:`completed_stream` or
     :meth:`failed` once per request, and records lags and gaps into the histograms itself."""
 
-    def __init__(self, slo: Slo = Slo(), *, on_record: RecordSink | None = None) -> None:
+    def __init__(
+        self,
+        slo: Slo = Slo(),
+        *,
+        on_record: RecordSink | None = None,
+        window: Window | None = None,
+    ) -> None:
         self.slo = slo
         self.on_record = on_record
         """Called with each request's :class:`RequestRecord` as it ends."""
+        self.window = window
+        """The requests that count; ``None``: all of them."""
+        self._window_ns = (-_NO_END_NS, _NO_END_NS)
+        self.start_ns = 0
         self.records: list[RequestRecord] = []
         self.ttft = Histogram()
         self.tpot = Histogram()
@@ -192,6 +220,29 @@ class Recorder:
         self.integrity: Counter[str] = Counter()
         self.max_in_flight = 0
         self.last_done_ns = 0
+        self.waited_for_bound = 0
+        """Requests that found the bound on requests in flight reached, and waited (all)."""
+
+    def begin(self, start_ns: int) -> None:
+        """The schedule starts at ``start_ns`` (its first intended send time): the window,
+        given in offsets from the start, is placed on the clock."""
+        self.start_ns = start_ns
+        if self.window is not None:
+            self._window_ns = (start_ns + self.window.from_ns, start_ns + self.window.until_ns)
+
+    def measures(self, intended_ns: int) -> bool:
+        """Whether a request intended for ``intended_ns`` counts (is in the window)."""
+        return self._window_ns[0] <= intended_ns <= self._window_ns[1]
+
+    def sent(self, intended_ns: int, sent_ns: int) -> None:
+        """A request left: its queue wait."""
+        if self.measures(intended_ns):
+            self.queue_wait.record_ns(sent_ns - intended_ns)
+
+    def lagged(self, intended_ns: int, acted_ns: int) -> None:
+        """The generator started (or queued) a request at ``acted_ns``: its send lag."""
+        if self.measures(intended_ns):
+            self.send_lag.record_ns(acted_ns - intended_ns)
 
     def completed_stream(
         self,
@@ -206,6 +257,8 @@ class Recorder:
         """A stream that ended with its end marker and passed verification. ``first_token_ns``
         is 0 if it had none; ``gaps_ns`` are the gaps before each token-carrying chunk after
         the first, and ``chunk_tokens`` the number of tokens in each of those chunks."""
+        if not self.measures(intended_ns):
+            return
         if gaps_ns:
             self.itl_per_chunk.record_many_ns(gaps_ns, [1] * len(gaps_ns))
             self.itl_per_token.record_many_ns(gaps_ns, chunk_tokens)
@@ -225,8 +278,13 @@ class Recorder:
             self.tpot.record_ns(round(tpot_ns))
         self.good += self.slo.met(ttft_ns=ttft_ns, tpot_ns=tpot_ns, e2e_ns=e2e_ns)
 
-    def failed(self, exc: BaseException | None, done_ns: int) -> None:
-        """A request that raised ``exc`` (``None``: it never finished)."""
+    def failed(
+        self, exc: BaseException | None, done_ns: int, *, intended_ns: int | None = None
+    ) -> None:
+        """A request that raised ``exc`` (``None``: it never finished); one whose intended
+        send time is not given is counted."""
+        if intended_ns is not None and not self.measures(intended_ns):
+            return
         self.last_done_ns = max(self.last_done_ns, done_ns)
         name = UNFINISHED if exc is None else error_name(exc)
         self.errors[name] += 1
@@ -256,14 +314,21 @@ class Recorder:
         for histogram in self.histograms().values():
             histogram.flush()
 
-    def summary(self, *, start_ns: int, scheduled: int) -> dict[str, Any]:
-        """The point's metrics; ``start_ns`` is the first request's intended send time."""
-        duration_s = max(self.last_done_ns - start_ns, 1) / 1e9
+    def summary(self, *, start_ns: int, scheduled: int, excluded: int = 0) -> dict[str, Any]:
+        """The point's metrics; ``start_ns`` is the first request's intended send time,
+        ``scheduled`` counts every request of the schedule and ``excluded`` those outside the
+        window. Rates are over the window: from its start to the last measured request's end."""
+        window = self.window or Window()
+        duration_s = max(self.last_done_ns - start_ns - window.from_ns, 1) / 1e9
         failed = sum(self.errors.values())
         return {
             "requests_scheduled": scheduled,
+            "requests_excluded": excluded,
+            "requests_measured": scheduled - excluded,
+            "measured_window_s": None if self.window is None else self.window.seconds(),
             "requests_completed": self.completed,
             "requests_failed": failed,
+            "requests_good": self.good if self.slo.any else None,
             "errors": dict(self.errors),
             "error_examples": self.error_examples,
             "duration_s": duration_s,
@@ -273,6 +338,7 @@ class Recorder:
             "goodput_rps": self.good / duration_s if self.slo.any else None,
             "slo": asdict(self.slo),
             "max_in_flight": self.max_in_flight,
+            "requests_waited_for_bound": self.waited_for_bound,
             "integrity": {
                 "verified": self.completed,
                 **{kind: self.integrity[kind] for kind, _ in INTEGRITY_KINDS},

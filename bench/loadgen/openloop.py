@@ -20,6 +20,7 @@ import math
 import selectors
 import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
@@ -34,14 +35,21 @@ from inferwire.transports.common import DEFAULT_LIMITS, aiter_close
 from inferwire.workloads import token_stream_source
 
 from . import metrics
-from .metrics import Recorder, Slo
+from .metrics import Recorder, Slo, Window
 
-Arrival = Literal["poisson", "gamma"]
+Arrival = Literal["poisson", "gamma", "constant"]
+ARRIVALS: Final[tuple[Arrival, ...]] = ("poisson", "gamma", "constant")
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
 DEFAULT_DURATION_S: Final = 10.0
 DEFAULT_DRAIN_TIMEOUT_S: Final = 60.0
 SELECT_MAX_SOCKETS: Final = 512
 """Below select()'s FD_SETSIZE of 1,024 with room for everything else the process has open."""
+DEFAULT_MAX_IN_FLIGHT: Final = SELECT_MAX_SOCKETS
+"""The bound on requests in flight of an uncapped run. A generator that falls behind would
+otherwise open a connection per late request (http1, tcp) until it collapses; 512 keeps every
+transport's sockets under select()'s limit (so its microsecond timeouts stay usable) and under
+the common soft descriptor limit of 1,024, and still carries 5,000 req/s of 100 ms streams
+(Little's law). A run that reaches it says so; a higher bound is a flag away."""
 
 
 def arrival_offsets_ns(
@@ -52,9 +60,20 @@ def arrival_offsets_ns(
     seed: int = 0,
     requests: int | None = None,
     duration_s: float | None = None,
+    ramp_from_rps: float | None = None,
+    ramp_s: float = 0.0,
 ) -> np.ndarray:
     """Intended send times in nanoseconds after the start, the first at 0: gaps drawn from a
-    gamma distribution of mean ``1 / rate_rps`` and shape ``burstiness`` (Poisson: shape 1).
+    gamma distribution of mean ``1 / rate_rps`` and shape ``burstiness`` (Poisson: shape 1), or
+    exactly ``1 / rate_rps`` apart (constant).
+
+    A ramp (``ramp_from_rps``, ``ramp_s``): the rate rises (or falls) linearly from
+    ``ramp_from_rps`` to ``rate_rps`` over the first ``ramp_s`` seconds, then holds. The
+    schedule is the same process drawn at ``rate_rps``, its times mapped through the inverse of
+    the integrated rate (time-rescaling: a renewal process at a constant rate, run on the
+    clock ``Lambda(t) / rate_rps``, has at each moment the gaps of the process at the rate of
+    that moment). Without a ramp the mapping is the identity.
+
     The schedule ends after ``requests`` requests or before ``duration_s``, whichever is first;
     an infinite rate sends every request at once. Same arguments, same schedule."""
     if requests is None and duration_s is None:
@@ -63,18 +82,32 @@ def arrival_offsets_ns(
         raise ValueError("the rate must be positive")
     if (requests is not None and requests < 1) or (duration_s is not None and not duration_s > 0):
         raise ValueError("the number of requests and the duration must be positive")
-    if arrival == "poisson" and burstiness != 1.0:
+    if arrival in ("poisson", "constant") and burstiness != 1.0:
         raise ValueError("burstiness is the gamma shape: it needs the gamma arrival process")
     if not burstiness > 0:
         raise ValueError("burstiness must be positive")
+    ramp = _Ramp.checked(rate_rps, ramp_from_rps, ramp_s)
     if math.isinf(rate_rps):
         if requests is None:
             raise ValueError("an infinite rate needs a number of requests")
         return np.zeros(requests, dtype=np.int64)
+    limit = requests if requests is not None else math.inf
+    # the schedule is drawn on the steady clock (seconds at rate_rps), then mapped to real time
+    horizon_s = ramp.steady_s(duration_s) if duration_s is not None else math.inf
+    if arrival == "constant":
+        count = limit if math.isinf(horizon_s) else min(limit, math.ceil(horizon_s * rate_rps) + 1)
+        steady_s = np.arange(count) / rate_rps  # not a cumulative sum: no drift
+    else:
+        steady_s = _gamma_offsets_s(rate_rps, burstiness, seed, limit, horizon_s)
+    steady_s = steady_s[steady_s < horizon_s]
+    return np.round(ramp.real_s(steady_s) * 1e9).astype(np.int64)
+
+
+def _gamma_offsets_s(
+    rate_rps: float, burstiness: float, seed: int, limit: float, horizon_s: float
+) -> np.ndarray:
     rng = np.random.default_rng(seed)
     scale_s = 1.0 / (rate_rps * burstiness)
-    limit = requests if requests is not None else math.inf
-    horizon_s = duration_s if duration_s is not None else math.inf
     block = int(min(limit, rate_rps * min(horizon_s, 3600.0) * 1.1 + 64))
     gaps: list[np.ndarray] = []
     drawn = 0
@@ -85,9 +118,56 @@ def arrival_offsets_ns(
         drawn += block
         total_s += float(more.sum())
     offsets_s = np.concatenate([[0.0], np.cumsum(np.concatenate(gaps))])
-    offsets_s = offsets_s[: int(min(limit, len(offsets_s)))]
-    offsets_s = offsets_s[offsets_s < horizon_s]
-    return np.round(offsets_s * 1e9).astype(np.int64)
+    return offsets_s[: int(min(limit, len(offsets_s)))]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Ramp:
+    """A rate that goes linearly from ``from_rps`` to ``to_rps`` over ``ramp_s``, then holds;
+    its integral ``Lambda(t)``, divided by ``to_rps``, is the steady clock."""
+
+    from_rps: float
+    to_rps: float
+    ramp_s: float
+
+    @classmethod
+    def checked(cls, rate_rps: float, from_rps: float | None, ramp_s: float) -> _Ramp:
+        if from_rps is None:
+            if ramp_s:
+                raise ValueError("a ramp needs the rate it starts from")
+            return cls(from_rps=rate_rps, to_rps=rate_rps, ramp_s=0.0)
+        if not (math.isfinite(from_rps) and from_rps >= 0):
+            raise ValueError("the ramp's starting rate must be finite and not negative")
+        if not (math.isfinite(ramp_s) and ramp_s > 0):
+            raise ValueError("the ramp's duration must be positive")
+        if math.isinf(rate_rps):
+            raise ValueError("an infinite rate cannot be ramped to")
+        return cls(from_rps=from_rps, to_rps=rate_rps, ramp_s=ramp_s)
+
+    def steady_s(self, real_s: float) -> float:
+        """``Lambda(real_s) / to_rps``."""
+        if not self.ramp_s:
+            return real_s
+        within_s = min(real_s, self.ramp_s)
+        slope = (self.to_rps - self.from_rps) / self.ramp_s
+        integral = self.from_rps * within_s + slope * within_s**2 / 2
+        return integral / self.to_rps + max(real_s - self.ramp_s, 0.0)
+
+    def real_s(self, steady_s: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`steady_s`, element-wise."""
+        if not self.ramp_s:
+            return steady_s
+        from_rps, to_rps = self.from_rps, self.to_rps
+        ramp_steady_s = self.steady_s(self.ramp_s)
+        # within the ramp: the root of slope/2 t^2 + from t - u = 0 (u = steady_s * to_rps),
+        # written 2u / (from + sqrt(from^2 + 2 slope u)): exact for a flat ramp, no 0/0
+        units = np.minimum(steady_s, ramp_steady_s) * to_rps
+        slope = (to_rps - from_rps) / self.ramp_s
+        root = np.sqrt(np.maximum(from_rps**2 + 2 * slope * units, 0.0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            within_s = np.where(units > 0, 2 * units / (from_rps + root), 0.0)
+        after_s = np.maximum(steady_s - ramp_steady_s, 0.0)
+        return np.where(steady_s <= ramp_steady_s, within_s, self.ramp_s + after_s)
 
 
 class Target(Protocol):
@@ -149,6 +229,16 @@ class LoadSpec:
     seed: int = 0
     slo: Slo = field(default_factory=Slo)
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    ramp_from_rps: float | None = None
+    """With ``ramp_s``: the rate rises linearly from this to each point's rate, then holds."""
+    ramp_s: float = 0.0
+    warmup_s: float = 0.0
+    """Requests intended in the schedule's first seconds are sent but not measured."""
+    cooldown_s: float = 0.0
+    """Requests intended in the schedule's last seconds are sent but not measured."""
+    max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT
+    """Uncapped runs: a request due while this many are in flight waits (``None``: no bound).
+    A concurrency cap is its own bound."""
 
     def offsets_ns(self, rate_rps: float) -> np.ndarray:
         duration_s = self.duration_s
@@ -161,7 +251,32 @@ class LoadSpec:
             seed=self.seed,
             requests=self.requests,
             duration_s=duration_s,
+            ramp_from_rps=self.ramp_from_rps,
+            ramp_s=self.ramp_s,
         )
+
+    def window(self, offsets_ns: np.ndarray) -> Window | None:
+        """The measured part of a schedule: all but its first ``warmup_s`` and its last
+        ``cooldown_s``. Its end is the duration's, or the last request's time when the number
+        of requests ended it first. Raises ``ValueError`` if no request is left to measure."""
+        if self.warmup_s < 0 or self.cooldown_s < 0:
+            raise ValueError("the warm-up and cool-down windows cannot be negative")
+        if not (self.warmup_s or self.cooldown_s):
+            return None
+        end_ns = int(offsets_ns[-1])
+        duration_s = self.duration_s
+        if duration_s is None and self.requests is None:
+            duration_s = DEFAULT_DURATION_S
+        if duration_s is not None and (self.requests is None or len(offsets_ns) < self.requests):
+            end_ns = round(duration_s * 1e9)
+        from_ns = round(self.warmup_s * 1e9)
+        until_ns = end_ns - round(self.cooldown_s * 1e9)
+        if until_ns < from_ns or not np.any((offsets_ns >= from_ns) & (offsets_ns <= until_ns)):
+            raise ValueError(
+                f"--warmup-s {self.warmup_s:g} and --cooldown-s {self.cooldown_s:g} leave no"
+                f" request of the {end_ns / 1e9:g} s schedule to measure"
+            )
+        return Window(from_ns=from_ns, until_ns=until_ns)
 
     def request(self) -> it.GenerateRequest:
         return it.GenerateRequest(workload=self.workload, max_tokens=self.max_tokens)
@@ -177,7 +292,11 @@ class LoadSpec:
 
 class _Run:
     """One point: the scheduler, and either a task per request (uncapped) or a worker per slot
-    taking due requests in order (capped)."""
+    taking due requests in order (capped).
+
+    Uncapped with a ``bound``: a request due while ``bound`` tasks run waits in a queue, and
+    the first task to finish takes it (in order of intended time): no more tasks, connections
+    or sockets than the bound, whatever the backlog."""
 
     def __init__(
         self,
@@ -186,6 +305,7 @@ class _Run:
         recorder: Recorder,
         on_done: Callable[[], object] | None,
         expected: Sequence[ic.TokenChunk] | None = None,
+        bound: int | None = None,
     ) -> None:
         self.target = target
         self.request = request
@@ -194,12 +314,15 @@ class _Run:
         self.expected = expected
         self.in_flight = 0
         self.start_ns = 0
+        self.bound = bound
+        self.tasks_running = 0
+        self.waiting: deque[tuple[int, int]] = deque()
 
     async def send(self, index: int, intended_ns: int) -> None:
         """One request, start to end; never raises but for cancellation."""
         recorder = self.recorder
         sent_ns = now_ns()
-        recorder.queue_wait.record_ns(sent_ns - intended_ns)
+        recorder.sent(intended_ns, sent_ns)
         self.in_flight += 1
         recorder.max_in_flight = max(recorder.max_in_flight, self.in_flight)
         stream: AsyncIterator[ic.TokenChunk] | None = None
@@ -238,7 +361,7 @@ class _Run:
             done_ns = now_ns()
             if stream is not None:  # one left mid-way is cancelled, not left to the GC
                 await aiter_close(stream)
-            recorder.failed(exc, done_ns)
+            recorder.failed(exc, done_ns, intended_ns=intended_ns)
             error = metrics.error_name(exc)
         finally:
             self.in_flight -= 1
@@ -258,12 +381,18 @@ class _Run:
                 tpot_ms=(done_ns - first_ns) / (tokens - 1) / 1e6 if tokens > 1 else None,
                 itl_max_ms=max(gaps_ns) / 1e6 if gaps_ns else None,
                 input_tokens=None,
+                measured=recorder.measures(intended_ns),
             )
         )
 
     async def uncapped(self, index: int, intended_ns: int) -> None:
-        self.recorder.send_lag.record_ns(now_ns() - intended_ns)
-        await self.send(index, intended_ns)
+        self.recorder.lagged(intended_ns, now_ns())
+        try:
+            await self.send(index, intended_ns)
+            while self.waiting:  # keep the slot for the request that has waited longest
+                await self.send(*self.waiting.popleft())
+        finally:
+            self.tasks_running -= 1
 
     async def worker(self, due: asyncio.Queue[tuple[int, int] | None]) -> None:
         while (item := await due.get()) is not None:
@@ -279,18 +408,24 @@ class _Run:
         due: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
         if concurrency is not None:
             workers = [loop.create_task(self.worker(due)) for _ in range(concurrency)]
-        lag = self.recorder.send_lag
+        recorder = self.recorder
+        bound = self.bound if self.bound is not None else math.inf
         for index, offset_ns in enumerate(offsets_ns.tolist()):
             intended_ns = start_ns + offset_ns
             delay_ns = intended_ns - now_ns()
             if delay_ns > 0:
                 await asyncio.sleep(delay_ns / 1e9)
-            if concurrency is None:
+            if concurrency is None and self.tasks_running < bound:
+                self.tasks_running += 1
                 task = loop.create_task(self.uncapped(index, intended_ns))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+            elif concurrency is None:  # the bound is reached: the next task to finish takes it
+                recorder.lagged(intended_ns, now_ns())
+                recorder.waited_for_bound += 1
+                self.waiting.append((index, intended_ns))
             else:
-                lag.record_ns(now_ns() - intended_ns)
+                recorder.lagged(intended_ns, now_ns())
                 due.put_nowait((index, intended_ns))
         if concurrency is None:
             return list(tasks)
@@ -316,7 +451,14 @@ async def run_point(
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
     offsets_ns = spec.offsets_ns(rate_rps)
-    recorder = Recorder(spec.slo)
+    window = spec.window(offsets_ns)
+    measured = len(offsets_ns)
+    if window is not None:
+        measured = int(
+            np.count_nonzero((offsets_ns >= window.from_ns) & (offsets_ns <= window.until_ns))
+        )
+    bound = spec.max_in_flight if concurrency is None else None
+    recorder = Recorder(spec.slo, window=window)
     cpu = metrics.CpuMeter(server_pid)
     label = f"rate {rate_rps:g}/s" + (f" cap {concurrency}" if concurrency else "")
     with tqdm(
@@ -327,27 +469,33 @@ async def run_point(
         disable=not progress,
         leave=False,
     ) as bar:
-        run = _Run(target, spec.request(), recorder, bar.update if progress else None, expected)
+        run = _Run(
+            target, spec.request(), recorder, bar.update if progress else None, expected, bound
+        )
         cpu.start()
         start_ns = now_ns() + 1_000_000  # a millisecond to get the scheduler going
+        recorder.begin(start_ns)
         pending = await run.schedule(start_ns, offsets_ns, concurrency)
         if pending:
             _, late = await asyncio.wait(pending, timeout=spec.drain_timeout_s)
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
-        unaccounted = len(offsets_ns) - recorder.completed - sum(recorder.errors.values())
+        unaccounted = measured - recorder.completed - sum(recorder.errors.values())
         for _ in range(unaccounted):
             recorder.failed(None, now_ns())
         recorder.flush()  # the recording's last step, billed to the client like the rest
         usage = cpu.stop(recorder.output_tokens)
     schedule_s = float(offsets_ns[-1]) / 1e9 if len(offsets_ns) > 1 else 0.0
-    summary = recorder.summary(start_ns=start_ns, scheduled=len(offsets_ns))
+    summary = recorder.summary(
+        start_ns=start_ns, scheduled=len(offsets_ns), excluded=len(offsets_ns) - measured
+    )
     summary["integrity"]["content_checked"] = expected is not None
     return {
         "rate_rps": finite_or_text(rate_rps),
         "concurrency": concurrency,
         "offered_rate_rps": (len(offsets_ns) - 1) / schedule_s if schedule_s else None,
+        "in_flight_bound": bound,
         **summary,
         **usage,
     }
@@ -380,9 +528,13 @@ def event_loop_factory(precise: bool) -> Callable[[], asyncio.AbstractEventLoop]
     return lambda: asyncio.SelectorEventLoop(selector())
 
 
-def select_is_safe(transport: str, concurrencies: list[int | None]) -> bool:
+def select_is_safe(
+    transport: str, concurrencies: list[int | None], max_in_flight: int | None = None
+) -> bool:
     """Whether the generator's sockets stay well under select()'s limit: one connection for
-    http2 and grpc, one per request in flight (at most the cap) for tcp and http1."""
+    http2 and grpc, one per request in flight (at most the cap, or uncapped the bound
+    ``max_in_flight``) for tcp and http1."""
     if transport in ("http2", "grpc"):
         return True
-    return all(c is not None and c <= SELECT_MAX_SOCKETS for c in concurrencies)
+    caps = [max_in_flight if c is None else c for c in concurrencies]
+    return all(c is not None and c <= SELECT_MAX_SOCKETS for c in caps)
