@@ -1,10 +1,20 @@
 """``inferwire load``: an open-loop load generator for one server's token streams.
 
 Requests arrive on a schedule drawn before the run from a seeded arrival process, whatever the
-server does: a Poisson process at ``--rate`` requests/s, or gamma-distributed gaps of the same
-mean whose shape is ``--burstiness`` (1 is Poisson; below 1 burstier, above 1 more regular; as
-in vLLM's serving benchmark). ``--concurrency N`` caps the requests in flight: a request due
-while N are running waits for a slot, and that wait counts in its latency. Every latency is
+server does (``--arrival``): ``poisson``, a Poisson process at ``--rate`` requests/s; ``gamma``,
+gamma-distributed gaps of the same mean whose shape is ``--burstiness`` (1 is Poisson; below 1
+burstier, above 1 more regular; as in vLLM's serving benchmark); ``constant``, exactly
+1/``--rate`` apart. ``--ramp-from R --ramp-s S`` ramps any of them: the rate rises linearly from
+R to ``--rate`` over the first S seconds, then holds (the process drawn at ``--rate`` on a
+clock rescaled by the integrated rate, so its gaps at each moment are those of the current
+rate). ``--concurrency N`` caps the requests in flight: a request due while N are running waits
+for a slot, and that wait counts in its latency. Without a cap, ``--max-in-flight`` (512 by
+default) bounds them the same way, so a generator or server that falls behind queues requests
+(reported: how many waited) instead of opening a connection per late request.
+``--warmup-s``/``--cooldown-s``: the requests intended in a point's first/last seconds are sent
+as usual but kept out of every statistic below; rates are then over the measured window.
+``--capacity`` searches the highest rate whose points meet the SLOs
+(:mod:`inferwire.bench.loadgen.capacity`). Every latency is
 measured from the request's **intended** send time, not from when it was actually sent, so a
 server that stalls shows the stall in the percentiles of every request that was due during it
 (no coordinated omission, after Gil Tene's "How NOT to Measure Latency" and wrk2).
@@ -22,7 +32,9 @@ the generator keeps up and the cap is not reached)::
     ITL per token   the same gaps spread over the tokens that arrived: a chunk of n tokens
                     after a gap g counts n times as g / n (the first chunk's tokens have none)
     E2E             end-to-end latency: intended send time to the stream's end marker
-    duration        first request's intended send time to the last request's end
+    duration        first request's intended send time to the last request's end (with
+                    --warmup-s/--cooldown-s: the measured window's start to the last measured
+                    request's end)
     request throughput        completed requests / duration
     output token throughput   output tokens of completed requests / duration
     goodput         completed requests that met every SLO given (--slo-ttft-ms,
@@ -42,7 +54,8 @@ the generator keeps up and the cap is not reached)::
                     stream that fails verification is an error, never a success. In a healthy
                     run all five are zero.
     send lag        the generator's own lateness: from intended send time to when it started
-                    the request (uncapped) or queued it for a slot (capped)
+                    the request (uncapped) or queued it for a slot (capped, or uncapped with
+                    --max-in-flight reached)
     queue wait      intended send time to the moment the request had a slot and was sent
     CPU             user + system seconds of this process (client) and of the server process
                     (with --spawn, or --server-pid), over the point, per 1,000 output tokens
@@ -66,12 +79,13 @@ import contextlib
 import gc
 import json
 import os
+import resource
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import inferwire.codecs as ic
 import inferwire.transports as it
@@ -80,12 +94,13 @@ from inferwire.bench.procs import server_process
 from inferwire.transports import arguments
 from inferwire.transports.arguments import CommandError
 
-from . import metrics
+from . import capacity, metrics
 from .metrics import Slo
 from .openloop import (
     ARRIVALS,
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_DURATION_S,
+    DEFAULT_MAX_IN_FLIGHT,
     LoadSpec,
     event_loop_factory,
     finite_or_text,
@@ -104,6 +119,16 @@ def _rates(text: str) -> list[float]:
     if not rates or not all(r > 0 for r in rates):
         raise argparse.ArgumentTypeError("rates must be positive (inf: all at once)")
     return rates
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError("a fraction is above 0 and at most 1")
+    return value
 
 
 def _caps(text: str) -> list[int]:
@@ -130,10 +155,12 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, int | None]]:
 
 async def _sweep(
     args: argparse.Namespace, spec: LoadSpec, address: str, pid: int | None
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The points of the sweep (or of the capacity search), and the search's section."""
     target = open_target(args.transport, address, args.codec)
     expected = spec.expected_chunks()
     points = []
+    found = None
     try:
         try:
             await warm_up(target, spec.request(), args.warmup)
@@ -142,23 +169,72 @@ async def _sweep(
         # what exists now is never garbage: keep the collector's passes short during the run
         gc.collect()
         gc.freeze()
-        for rate in args.rate:
-            for cap in args.concurrency:
-                point = await run_point(
-                    target,
-                    spec,
-                    rate_rps=rate,
-                    concurrency=cap,
-                    server_pid=pid,
-                    progress=not args.quiet and sys.stderr.isatty(),
-                    expected=expected,
-                )
-                print(summary_line(point), flush=True)
-                points.append(point)
+
+        async def measure(rate: float, cap: int | None) -> dict[str, Any]:
+            point = await run_point(
+                target,
+                spec,
+                rate_rps=rate,
+                concurrency=cap,
+                server_pid=pid,
+                progress=not args.quiet and sys.stderr.isatty(),
+                expected=expected,
+            )
+            print(summary_line(point), flush=True)
+            points.append(point)
+            return point
+
+        if args.capacity:
+            cap = args.concurrency[0]
+            found = await capacity.search(
+                lambda rate: measure(rate, cap),
+                _capacity_spec(args),
+                on_verdict=lambda verdict: print(capacity.verdict_line(verdict), flush=True),
+            )
+            print(capacity.result_line(found), flush=True)
+        else:
+            for rate in args.rate:
+                for cap in args.concurrency:
+                    await measure(rate, cap)
     finally:
         gc.unfreeze()
         await target.close()
-    return points
+    return points, found
+
+
+def _capacity_spec(args: argparse.Namespace) -> capacity.CapacitySpec:
+    try:
+        return capacity.CapacitySpec(
+            start_rps=args.rate[0],
+            goodput_fraction=args.capacity_goodput,
+            precision=args.capacity_precision,
+            max_points=args.capacity_max_points,
+            max_send_lag_p99_ms=args.capacity_max_lag_ms,
+        )
+    except ValueError as exc:
+        raise CommandError(f"--capacity: {exc}") from None
+
+
+FD_HEADROOM: Final = 64
+"""Descriptors the process needs besides the generator's sockets (files, pipes, the loop)."""
+
+
+def _check_descriptors(transport: str, caps: list[int | None], bound: int | None) -> None:
+    """A socket per request in flight (tcp, http1) must fit the process's descriptor limit:
+    past it, every new connection fails with EMFILE, counted as the server's errors."""
+    if transport in ("http2", "grpc"):
+        return
+    needed = [bound if cap is None else cap for cap in caps]
+    if None in needed:
+        return  # no bound asked for: the user's choice
+    most = max(n for n in needed if n is not None)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and most + FD_HEADROOM > soft:
+        raise CommandError(
+            f"{most} requests in flight need about {most + FD_HEADROOM} file descriptors and"
+            f" this process may open {soft} (ulimit -n): raise the limit, or lower"
+            " --max-in-flight / --concurrency"
+        )
 
 
 def summary_line(point: dict[str, Any]) -> str:
@@ -167,10 +243,11 @@ def summary_line(point: dict[str, Any]) -> str:
         return "-" if value is None else f"{value:.2f}"
 
     rate = point["rate_rps"]
+    measured = point.get("requests_measured", point["requests_scheduled"])
     parts = [
         f"rate {rate:g}/s" if isinstance(rate, float) else f"rate {rate}/s",
         f"cap {point['concurrency'] or '-'}:",
-        f"{point['requests_completed']}/{point['requests_scheduled']} ok",
+        f"{point['requests_completed']}/{measured} ok",
         "(" + (", ".join(f"{n} {k}" for k, n in point["errors"].items()) or "no errors") + ");",
         f"TTFT p50 {ms('ttft', 'p50')} p99 {ms('ttft', 'p99')} ms;",
         f"TPOT p50 {ms('tpot', 'p50')} p99 {ms('tpot', 'p99')} ms;",
@@ -181,6 +258,11 @@ def summary_line(point: dict[str, Any]) -> str:
     if point["goodput_rps"] is not None:
         parts.append(f"goodput {point['goodput_rps']:.1f} req/s,")
     parts.append(f"send lag p99 {ms('send_lag', 'p99')} ms;")
+    if point.get("requests_excluded"):
+        parts.append(f"{point['requests_excluded']} in warm-up/cool-down not measured;")
+    if point.get("requests_waited_for_bound"):
+        bound = point["in_flight_bound"]
+        parts.append(f"{point['requests_waited_for_bound']} waited for the bound of {bound};")
     parts.append(integrity_text(point["integrity"]))
     return " ".join(parts)
 
@@ -219,6 +301,16 @@ def _load(args: argparse.Namespace) -> int:
         args.duration = DEFAULT_DURATION_S
     if args.concurrency is None:
         args.concurrency = [None]
+    if args.capacity:
+        if not (args.slo_ttft_ms or args.slo_tpot_ms or args.slo_e2e_ms):
+            raise CommandError(
+                "--capacity needs an SLO: --slo-ttft-ms, --slo-tpot-ms, --slo-e2e-ms"
+            )
+        if len(args.rate) != 1 or len(args.concurrency) != 1:
+            raise CommandError("--capacity searches from one --rate, with one --concurrency")
+        _capacity_spec(args)
+    if (args.ramp_from is None) != (args.ramp_s is None):
+        raise CommandError("a ramp takes both --ramp-from RATE and --ramp-s SECONDS")
     spec = LoadSpec(
         workload=args.workload,
         max_tokens=args.max_tokens,
@@ -229,19 +321,25 @@ def _load(args: argparse.Namespace) -> int:
         seed=args.seed,
         slo=Slo(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms, e2e_ms=args.slo_e2e_ms),
         drain_timeout_s=args.drain_timeout,
+        ramp_from_rps=args.ramp_from,
+        ramp_s=args.ramp_s or 0.0,
+        warmup_s=args.warmup_s,
+        cooldown_s=args.cooldown_s,
+        max_in_flight=args.max_in_flight or None,
     )
     for rate in args.rate:  # a bad combination fails now, not after the first points
         try:
-            spec.offsets_ns(rate)
+            spec.window(spec.offsets_ns(rate))
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-    precise = select_is_safe(args.transport, args.concurrency)
+    _check_descriptors(args.transport, args.concurrency, spec.max_in_flight)
+    precise = select_is_safe(args.transport, args.concurrency, spec.max_in_flight)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     with (
         _server(args) as (address, pid),
         asyncio.Runner(loop_factory=event_loop_factory(precise)) as runner,
     ):
-        points = runner.run(_sweep(args, spec, address, pid))
+        points, found = runner.run(_sweep(args, spec, address, pid))
     if args.out is not None:
         parameters = {
             "transport": args.transport,
@@ -254,6 +352,7 @@ def _load(args: argparse.Namespace) -> int:
             "concurrencies": args.concurrency,
             "warmup_requests": args.warmup,
             "event_loop": "select" if precise else "epoll",
+            "capacity_search": args.capacity,
             **{k: v for k, v in asdict(spec).items() if k != "slo"},
             "slo": asdict(spec.slo),
         }
@@ -265,6 +364,8 @@ def _load(args: argparse.Namespace) -> int:
             "machine": metrics.machine(),
             "points": points,
         }
+        if found is not None:
+            report["capacity"] = found
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
         print(f"wrote {args.out}")
@@ -274,8 +375,8 @@ def _load(args: argparse.Namespace) -> int:
 
 DESCRIPTION = """\
 Open-loop load against one server's token streams. Requests arrive on a schedule drawn before
-the run from a seeded arrival process (Poisson at --rate, or gamma with --arrival gamma), whatever
-the server does, and every latency is timed from the request's intended send time, so a stall
+the run from a seeded arrival process (Poisson at --rate, gamma, or constant; optionally ramped
+up with --ramp-from/--ramp-s), whatever the server does, and every latency is timed from the request's intended send time, so a stall
 shows in the percentiles of every request that was due during it (no coordinated omission).
 
 Reports, per point of the --rate x --concurrency sweep: TTFT, TPOT, inter-token latency, E2E
@@ -375,6 +476,69 @@ def add_commands(commands: arguments.Commands) -> None:
         type=arguments.non_negative,
         default=DEFAULT_DRAIN_TIMEOUT_S,
         help="seconds to wait for requests in flight after the last is sent",
+    )
+    runs = load.add_argument_group("arrivals, measured windows, in-flight bound, capacity search")
+    runs.add_argument(
+        "--ramp-from",
+        type=arguments.non_negative,
+        metavar="RATE",
+        help="with --ramp-s: the rate rises linearly from RATE req/s to --rate, then holds",
+    )
+    runs.add_argument("--ramp-s", type=arguments.positive, metavar="S", help="seconds of the ramp")
+    runs.add_argument(
+        "--warmup-s",
+        type=arguments.non_negative,
+        metavar="S",
+        default=0.0,
+        help="requests intended in each point's first S seconds are sent but not measured",
+    )
+    runs.add_argument(
+        "--cooldown-s",
+        type=arguments.non_negative,
+        metavar="S",
+        default=0.0,
+        help="requests intended in each point's last S seconds are sent but not measured",
+    )
+    runs.add_argument(
+        "--max-in-flight",
+        type=arguments.count,
+        metavar="N",
+        default=DEFAULT_MAX_IN_FLIGHT,
+        help="without --concurrency: a request due while N are in flight waits, and its wait"
+        " counts in its latency (0: no bound)",
+    )
+    runs.add_argument(
+        "--capacity",
+        action="store_true",
+        help="search the highest rate meeting the SLOs (--slo-*), starting at --rate",
+    )
+    runs.add_argument(
+        "--capacity-goodput",
+        type=_fraction,
+        metavar="FRACTION",
+        default=capacity.DEFAULT_GOODPUT_FRACTION,
+        help="the share of requests that must meet every SLO",
+    )
+    runs.add_argument(
+        "--capacity-precision",
+        type=arguments.positive,
+        metavar="FRACTION",
+        default=capacity.DEFAULT_PRECISION,
+        help="stop when the bracket is this narrow (relative)",
+    )
+    runs.add_argument(
+        "--capacity-max-points",
+        type=arguments.positive_count,
+        metavar="N",
+        default=capacity.DEFAULT_MAX_POINTS,
+        help="at most this many points",
+    )
+    runs.add_argument(
+        "--capacity-max-lag-ms",
+        type=arguments.positive,
+        metavar="MS",
+        default=capacity.DEFAULT_MAX_SEND_LAG_MS,
+        help="a point whose send lag P99 is over this failed for the generator, not the server",
     )
     load.add_argument("--out", type=Path, help="write the JSON report to this file")
     load.add_argument("--quiet", action="store_true", help="no progress bar")

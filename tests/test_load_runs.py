@@ -1,0 +1,252 @@
+"""How a load point runs: warm-up and cool-down windows kept out of the statistics, and the
+bound on requests in flight that keeps an uncapped generator from opening a connection per
+late request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncGenerator, Iterator
+from typing import Any
+
+import pytest
+
+import inferwire.codecs as ic
+import inferwire.transports as it
+from inferwire.bench.loadgen import openloop
+from inferwire.bench.loadgen.metrics import Recorder, RequestRecord, Slo, Window
+from inferwire.workloads import token_stream_source
+
+MS = 1_000_000
+
+
+class CountingService(it.SimulatedService):
+    """Paced streams that remember the most the server ever ran at once."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(token_stream_source, **kwargs)
+        self.max_active = 0
+
+    async def batches(
+        self, stream: it.TokenStream, *, max_chunks: int = 32
+    ) -> AsyncGenerator[list[ic.TokenChunk], None]:
+        async with contextlib.aclosing(super().batches(stream, max_chunks=max_chunks)) as it_:
+            async for batch in it_:
+                self.max_active = max(self.max_active, self.active_streams)
+                yield batch
+
+
+@contextlib.contextmanager
+def thread_server(transport: str, service: it.SimulatedService) -> Iterator[str]:
+    """A real server on 127.0.0.1 with its own event loop in a thread."""
+    loop = asyncio.new_event_loop()
+    server = it.server_class(transport)(service, ic.get("orjson"))
+    started = threading.Event()
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.start())
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    assert started.wait(30)
+    assert server.address is not None
+    try:
+        yield f"{server.address[0]}:{server.address[1]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
+
+
+# -- warm-up and cool-down ----------------------------------------------------------------
+
+
+def test_the_recorder_counts_only_its_window() -> None:
+    recorder = Recorder(Slo(ttft_ms=50), window=Window(from_ns=100 * MS, until_ns=200 * MS))
+    recorder.begin(1_000 * MS)
+    start = 1_000 * MS
+    for offset_ms in (50, 150, 250):  # before, in, after the window
+        intended = start + offset_ms * MS
+        recorder.sent(intended, intended + 1 * MS)
+        recorder.lagged(intended, intended)
+        recorder.completed_stream(
+            intended_ns=intended,
+            first_token_ns=intended + 10 * MS,
+            done_ns=intended + 30 * MS,
+            output_tokens=5,
+        )
+        recorder.failed(it.ConnectError("x"), intended + 5 * MS, intended_ns=intended)
+    assert not recorder.measures(start + 99 * MS)
+    assert recorder.measures(start + 100 * MS)
+    assert recorder.measures(start + 200 * MS)
+    summary = recorder.summary(start_ns=start, scheduled=6, excluded=4)
+    assert summary["requests_completed"] == 1
+    assert summary["requests_failed"] == 1
+    assert summary["requests_good"] == 1
+    assert summary["requests_measured"] == 2
+    assert summary["measured_window_s"] == [0.1, 0.2]
+    for name in ("ttft", "e2e", "send_lag", "queue_wait", "tpot"):
+        assert summary[name]["count"] == 1, name
+    # throughput over the window: from its start (100 ms) to the last measured end (180 ms)
+    assert summary["duration_s"] == pytest.approx(0.08)
+    assert summary["output_tokens"] == 5
+
+
+def test_windows_leave_something_to_measure() -> None:
+    spec = openloop.LoadSpec(duration_s=2.0, warmup_s=1.0, cooldown_s=1.5)
+    with pytest.raises(ValueError, match="no request"):
+        spec.window(spec.offsets_ns(100.0))
+    # by count, the schedule ends at its last request
+    spec = openloop.LoadSpec(requests=10, warmup_s=0.05, cooldown_s=0.02, arrival="constant")
+    window = spec.window(spec.offsets_ns(100.0))  # requests at 0, 10, ..., 90 ms
+    assert window == Window(from_ns=50 * MS, until_ns=70 * MS)
+
+
+def test_warmup_and_cooldown_are_sent_but_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 req/s evenly for 2 s, the first and last half second excluded: the 201 requests
+    intended from 0.5 s to 1.5 s are the point; the other 199 are sent all the same."""
+    recorders: list[Recorder] = []
+
+    class KeptRecorder(Recorder):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            recorders.append(self)
+
+    monkeypatch.setattr(openloop, "Recorder", KeptRecorder)
+    service = CountingService()
+    spec = openloop.LoadSpec(
+        workload="stream-16",
+        arrival="constant",
+        duration_s=2.0,
+        warmup_s=0.5,
+        cooldown_s=0.5,
+        slo=Slo(e2e_ms=10_000),
+    )
+
+    async def drive(address: str) -> dict[str, Any]:
+        target = openloop.open_target("tcp", address, "orjson")
+        try:
+            return await openloop.run_point(target, spec, rate_rps=200.0)
+        finally:
+            await target.close()
+
+    with thread_server("tcp", service) as address:
+        point = asyncio.run(drive(address))
+    assert service.streams_started == 400  # every request was sent
+    assert point["requests_scheduled"] == 400
+    assert point["requests_excluded"] == 199
+    assert point["requests_measured"] == point["requests_completed"] == 201, point["errors"]
+    assert point["requests_good"] == 201
+    assert point["measured_window_s"] == [0.5, 1.5]
+    for name in ("ttft", "tpot", "e2e", "send_lag", "queue_wait"):
+        assert point[name]["count"] == 201, name
+    assert point["output_tokens"] == 16 * 201
+    assert point["integrity"]["verified"] == 201
+    # the window lasts a second (plus the last stream): 201 requests in it, about 200 req/s
+    assert 1.0 <= point["duration_s"] < 1.5
+    assert point["request_throughput_rps"] == pytest.approx(201 / point["duration_s"])
+    records: list[RequestRecord] = recorders[0].records
+    assert len(records) == 400
+    measured = [r for r in records if r.measured]
+    assert len(measured) == 201
+    assert all(0.5 <= r.intended_s <= 1.5 for r in measured)
+    assert all(not 0.5 <= r.intended_s <= 1.5 for r in records if not r.measured)
+
+
+# -- the bound on requests in flight ------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["http1", "tcp"])
+def test_a_slow_server_meets_a_bounded_generator(transport: str) -> None:
+    """A server of ~64 ms streams, offered 800 req/s for half a second: 50 would be in flight.
+    Bounded at 8, the generator never has more than 8 requests (nor the server more than 8
+    streams, nor the http1 pool more than 8 connections); the rest wait, the wait counts in
+    their latency, and every request is accounted for."""
+    bound = 8
+    service = CountingService(decode_s=0.004)
+    spec = openloop.LoadSpec(
+        workload="stream-16", duration_s=0.5, seed=3, max_in_flight=bound, drain_timeout_s=120
+    )
+    opened: list[int] = []
+
+    async def drive(address: str) -> dict[str, Any]:
+        target: openloop.Target
+        if transport == "http1":  # an idle pool that never closes one: opened = the most open
+            client = it.connect("http1", address, codec="orjson", max_idle=10_000)
+            target = client
+        else:
+            target = openloop.open_target(transport, address, "orjson")
+        try:
+            return await openloop.run_point(target, spec, rate_rps=800.0)
+        finally:
+            if transport == "http1":
+                opened.append(client.connections_opened)  # type: ignore[attr-defined]
+            await target.close()
+
+    with thread_server(transport, service) as address:
+        point = asyncio.run(drive(address))
+    print({k: point[k] for k in ("max_in_flight", "requests_waited_for_bound", "queue_wait")})
+    assert point["requests_failed"] == 0, point["errors"]
+    assert point["requests_completed"] == point["requests_scheduled"] > 300
+    assert point["in_flight_bound"] == bound
+    assert point["max_in_flight"] == bound  # reached, never passed
+    assert service.max_active <= bound
+    if opened:
+        assert 1 <= opened[0] <= bound
+    assert point["requests_waited_for_bound"] > 100
+    # the waits count: with ~125 req/s through 8 slots, the last requests waited seconds
+    assert point["queue_wait"]["max_ms"] > 500
+    assert point["e2e"]["max_ms"] >= point["queue_wait"]["max_ms"]
+    # and the generator itself kept up: it queued each request on time
+    assert point["send_lag"]["count"] == point["requests_scheduled"]
+
+
+def test_without_the_bound_the_same_run_goes_past_it() -> None:
+    """The control: the same server and schedule with no bound runs far more at once."""
+    service = CountingService(decode_s=0.004)
+    spec = openloop.LoadSpec(
+        workload="stream-16", duration_s=0.5, seed=3, max_in_flight=None, drain_timeout_s=120
+    )
+
+    async def drive(address: str) -> dict[str, Any]:
+        target = openloop.open_target("tcp", address, "orjson")
+        try:
+            return await openloop.run_point(target, spec, rate_rps=800.0)
+        finally:
+            await target.close()
+
+    with thread_server("tcp", service) as address:
+        point = asyncio.run(drive(address))
+    assert point["requests_failed"] == 0, point["errors"]
+    assert point["in_flight_bound"] is None
+    assert point["requests_waited_for_bound"] == 0
+    assert point["max_in_flight"] > 16
+
+
+def test_a_cap_is_its_own_bound() -> None:
+    spec = openloop.LoadSpec(workload="stream-16", requests=40, max_in_flight=2)
+
+    async def drive(address: str) -> dict[str, Any]:
+        target = openloop.open_target("tcp", address, "orjson")
+        try:
+            return await openloop.run_point(target, spec, rate_rps=400.0, concurrency=4)
+        finally:
+            await target.close()
+
+    with thread_server("tcp", CountingService(decode_s=0.002)) as address:
+        point = asyncio.run(drive(address))
+    assert point["in_flight_bound"] is None
+    assert point["requests_waited_for_bound"] == 0
+    assert point["max_in_flight"] == 4
+
+
+def test_select_is_safe_under_the_bound() -> None:
+    assert openloop.select_is_safe("tcp", [None], openloop.DEFAULT_MAX_IN_FLIGHT)
+    assert not openloop.select_is_safe("tcp", [None])
+    assert not openloop.select_is_safe("http1", [None], 4096)
+    assert openloop.select_is_safe("http2", [None])
