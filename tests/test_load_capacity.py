@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def point(
     }
 
 
-def search(measure: Any, **kwargs: Any) -> dict[str, Any]:
+def search(measure: Callable[[float], dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
     tried: list[float] = []
 
     async def recorded(rate: float) -> dict[str, Any]:
@@ -42,7 +43,7 @@ def search(measure: Any, **kwargs: Any) -> dict[str, Any]:
     return found
 
 
-def server_of_capacity(capacity_rps: float) -> Any:
+def server_of_capacity(capacity_rps: float) -> Callable[[float], dict[str, Any]]:
     """Meets the SLOs for every request up to its capacity, for half of them above."""
     return lambda rate: point(rate, good=1.0 if rate <= capacity_rps else 0.5)
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 from collections.abc import AsyncGenerator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench.loadgen import openloop
 from inferwire.bench.loadgen.metrics import Recorder, RequestRecord, Slo, Window
+from inferwire.bench.runner import cli
 from inferwire.workloads import token_stream_source
 
 MS = 1_000_000
@@ -250,3 +253,51 @@ def test_select_is_safe_under_the_bound() -> None:
     assert not openloop.select_is_safe("tcp", [None])
     assert not openloop.select_is_safe("http1", [None], 4096)
     assert openloop.select_is_safe("http2", [None])
+
+
+# -- the command --------------------------------------------------------------------------
+
+
+def test_the_command_records_the_run_flags(tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    argv = ["load", "--transport", "tcp", "--spawn", "--workload", "stream-16", "--quiet"]
+    argv += ["--arrival", "constant", "--rate", "100", "--ramp-from", "20", "--ramp-s", "0.5"]
+    argv += ["--duration", "1", "--warmup-s", "0.25", "--cooldown-s", "0.25"]
+    argv += ["--max-in-flight", "16", "--out", str(out)]
+    assert cli.main(argv) == 0
+    report = json.loads(out.read_text())
+    parameters = report["parameters"]
+    assert parameters["arrival"] == "constant"
+    assert parameters["ramp_from_rps"] == 20.0
+    assert parameters["ramp_s"] == 0.5
+    assert parameters["warmup_s"] == parameters["cooldown_s"] == 0.25
+    assert parameters["max_in_flight"] == 16
+    assert parameters["event_loop"] == "select"  # 16 sockets at most: select is safe
+    (point,) = report["points"]
+    # Lambda(1 s) = 30 (the ramp's half second) + 50 = 80 requests; 0.25-0.75 s is measured
+    assert point["requests_scheduled"] == 80
+    assert point["measured_window_s"] == [0.25, 0.75]
+    assert point["requests_completed"] == point["requests_measured"]
+    assert point["requests_excluded"] == 80 - point["requests_measured"]
+    assert 30 < point["requests_measured"] < 50
+    assert point["in_flight_bound"] == 16
+    assert point["max_in_flight"] <= 16
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--ramp-from", "5"], "--ramp-s"),
+        (["--ramp-s", "5"], "--ramp-from"),
+        (["--duration", "1", "--warmup-s", "0.6", "--cooldown-s", "0.6"], "no request"),
+        (["--max-in-flight", "100000000"], "ulimit"),
+        (["--capacity", "--slo-ttft-ms", "9", "--rate", "1,2"], "one --rate"),
+        (["--capacity", "--slo-ttft-ms", "9", "--capacity-max-points", "1"], "two points"),
+    ],
+)
+def test_the_command_refuses_bad_run_flags(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["load", "--transport", "tcp", "--address", "127.0.0.1:9", *flags]
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err

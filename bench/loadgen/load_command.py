@@ -376,8 +376,10 @@ def _load(args: argparse.Namespace) -> int:
 DESCRIPTION = """\
 Open-loop load against one server's token streams. Requests arrive on a schedule drawn before
 the run from a seeded arrival process (Poisson at --rate, gamma, or constant; optionally ramped
-up with --ramp-from/--ramp-s), whatever the server does, and every latency is timed from the request's intended send time, so a stall
-shows in the percentiles of every request that was due during it (no coordinated omission).
+up with --ramp-from/--ramp-s), whatever the server does, and every latency is timed from the
+request's intended send time, so a stall shows in the percentiles of every request that was due
+during it (no coordinated omission). A capacity search (--capacity) finds the highest rate that
+meets the SLOs.
 
 Reports, per point of the --rate x --concurrency sweep: TTFT, TPOT, inter-token latency, E2E
 latency (P50/P90/P99/P99.9 from HDR histograms), request and token throughput, goodput under the
