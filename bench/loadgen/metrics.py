@@ -188,7 +188,11 @@ class Window:
 
 class Recorder:
     """Everything one load point measures: the generator calls :meth:`completed_stream` or
-    :meth:`failed` once per request, and records lags and gaps into the histograms itself."""
+    :meth:`failed` once per request, and :meth:`lagged` and :meth:`sent` for its lateness.
+
+    With a ``window``, the requests whose intended send time lies outside it are in none of
+    the counts, histograms or rates (each of these methods is given the intended time); call
+    :meth:`begin` with the schedule's start before the first."""
 
     def __init__(
         self,

@@ -8,9 +8,14 @@ in order, none lost or repeated, up to an end marker whose token count matches, 
 expected chunks are given, the very chunks sent. A stream that fails is an error, never a
 success.
 
-Without a cap, each request is a task started at its time. With ``concurrency`` N, N workers
-take the due requests in order of their intended time, so a backlog costs memory for a
-number, not for a task, and the cap holds exactly.
+Without a cap, each request is a task started at its time, up to a bound on requests in
+flight (``LoadSpec.max_in_flight``): past it, a due request waits for the first task to finish,
+which takes it, so a generator (or server) that falls behind holds at most that many
+connections and reports how many requests waited, instead of collapsing under one connection
+per late request. With ``concurrency`` N, N workers take the due requests in order of their
+intended time, so a backlog costs memory for a number, not for a task, and the cap holds
+exactly. Requests intended in a warm-up or cool-down window are sent, and kept out of every
+statistic (:class:`~inferwire.bench.loadgen.metrics.Window`).
 """
 
 from __future__ import annotations
@@ -333,6 +338,8 @@ async def run_point(
     carry (e.g. :meth:`LoadSpec.expected_chunks`), to catch altered content too."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
+    if spec.max_in_flight is not None and spec.max_in_flight < 1:
+        raise ValueError("the bound on requests in flight must be at least 1")
     offsets_ns = spec.offsets_ns(rate_rps)
     window = spec.window(offsets_ns)
     measured = len(offsets_ns)
