@@ -150,15 +150,18 @@ def test_warmup_and_cooldown_are_sent_but_not_measured(monkeypatch: pytest.Monke
         assert point[name]["count"] == 201, name
     assert point["output_tokens"] == 16 * 201
     assert point["integrity"]["verified"] == 201
-    # the window lasts a second (plus the last stream): 201 requests in it, about 200 req/s
-    assert 1.0 <= point["duration_s"] < 1.5
-    assert point["request_throughput_rps"] == pytest.approx(201 / point["duration_s"])
     records: list[RequestRecord] = recorders[0].records
     assert len(records) == 400
     measured = [r for r in records if r.measured]
     assert len(measured) == 201
     assert all(0.5 <= r.intended_s <= 1.5 for r in measured)
     assert all(not 0.5 <= r.intended_s <= 1.5 for r in records if not r.measured)
+    # rates are over the window: from its start to the last measured request's end (a second
+    # and a stream), not from the schedule's start to the last request's end (two seconds)
+    measured_end_s = max(r.intended_s + r.e2e_ms / 1e3 for r in measured)
+    assert point["duration_s"] == pytest.approx(measured_end_s - 0.5, abs=1e-5)
+    assert point["duration_s"] < max(r.intended_s + r.e2e_ms / 1e3 for r in records) - 0.5
+    assert point["request_throughput_rps"] == pytest.approx(201 / point["duration_s"])
 
 
 # -- the bound on requests in flight ------------------------------------------------------
