@@ -88,7 +88,7 @@ def test_metadata_as_tritonclient_reads_it(client: triton.InferenceServerClient)
     server = client.get_server_metadata()
     assert server["name"] == "inferwire"
     assert isinstance(server["version"], str)
-    assert server["extensions"] == ["binary_tensor_data"]
+    assert server["extensions"] == ["binary_tensor_data", "generate"]
     model = client.get_model_metadata("resnet_50", "1")
     assert model == {
         "name": "resnet_50",
@@ -276,7 +276,7 @@ def test_health_and_metadata_routes(transport: str) -> None:
     answers = _answers(transport, [("GET", path, b"", {}) for path in paths])
     assert [a.status_code for a in answers] == [200] * len(paths)
     assert [a.content for a in answers[:4]] == [b""] * 4  # the spec: "should be empty"
-    assert answers[4].json()["extensions"] == ["binary_tensor_data"]
+    assert answers[4].json()["extensions"] == ["binary_tensor_data", "generate"]
     assert answers[5].json() == answers[6].json()
     assert answers[5].json()["name"] == "m"
 
