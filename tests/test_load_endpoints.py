@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from inferwire.bench.loadgen.api_streams import (
 )
 from inferwire.bench.loadgen.sse import SseError, SseEvent, SseReader
 from inferwire.bench.procs import server_process
+from inferwire.bench.runner import cli
 from inferwire.transports import ProtocolError, StreamTruncatedError
 
 TINY = Path(__file__).with_name("tiny_openai_server.py")
@@ -342,3 +344,87 @@ def test_own_servers_in_the_external_mode(
     assert point["integrity"]["content_checked"] is False
     source = "usage" if api.startswith("openai") else "token_ids"
     assert point["token_count"] == {source: 12}
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def _command(tmp_path: Path, *args: str) -> dict[str, Any]:
+    out = tmp_path / "load.json"
+    code = cli.main(["load", *args, "--warmup", "1", "--quiet", "--out", str(out)])
+    assert code == 0
+    report: dict[str, Any] = orjson.loads(out.read_bytes())
+    return report
+
+
+def test_the_command_against_any_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TINY_KEY", "sekrit")
+    with tiny_server("--require-key", "sekrit") as url:
+        report = _command(
+            tmp_path,
+            *("--url", url, "--api", "openai-chat", "--model", "paced"),
+            *("--api-key-env", "TINY_KEY", "--header", "X-Trace: 1"),
+            *("--extra-body", '{"n": 2}', "--max-tokens", "4"),
+            *("--prompts", "synthetic", "--input-tokens", "32"),
+            *("--requests", "6", "--rate", "20"),
+        )
+    parameters = report["parameters"]
+    endpoint = parameters["endpoint"]
+    assert endpoint["api"] == "openai-chat"
+    assert endpoint["model"] == "paced"
+    assert endpoint["extra_body"] == {"n": 2}
+    assert ["authorization", "(redacted)"] in endpoint["headers"]
+    assert "sekrit" not in json.dumps(report)
+    assert endpoint["target"]["models"][0]["id"] == "paced"
+    # nothing is known of another server's pacing: nothing is invented
+    assert parameters["prefill_ms"] is None
+    assert parameters["decode_ms"] is None
+    (point,) = report["points"]
+    assert point["requests_completed"] == 6, point["error_examples"]
+    assert point["output_tokens"] == 6 * 8
+    assert point["token_count"] == {"usage": 6}
+    assert "integrity (sequence only): 6 verified" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("api", ["openai-chat", "kserve-v2-http", "kserve-v2-grpc"])
+def test_the_command_spawns_our_server_behind_a_public_api(tmp_path: Path, api: str) -> None:
+    transport = "grpc" if api == "kserve-v2-grpc" else "http1"
+    report = _command(
+        tmp_path,
+        *("--spawn", "--transport", transport, "--api", api, "--workload", "stream-16"),
+        *("--decode-ms", "1", "--requests", "6", "--rate", "30", "--max-tokens", "10"),
+    )
+    assert report["parameters"]["decode_ms"] == 1.0
+    (point,) = report["points"]
+    assert point["requests_completed"] == 6, point["error_examples"]
+    assert point["output_tokens"] == 60
+    assert point["client_parse"]["count"] >= 60
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--url", "http://127.0.0.1:9"], "--url needs --api"),
+        (["--api", "openai-chat", "--address", "127.0.0.1:9"], "not --address"),
+        (["--url", "ftp://x", "--api", "openai-chat"], "http:// or https://"),
+        (["--url", "http://x", "--api", "kserve-v2-http"], "needs --model"),
+        (["--url", "http://x", "--api", "openai-chat", "--header", "nocolon"], "Name: value"),
+        (["--address", "127.0.0.1:9"], "need --transport"),
+    ],
+)
+def test_the_command_refuses_a_target_it_cannot_name(
+    args: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["load", *args]) != 0
+    assert words in capsys.readouterr().err
+
+
+def test_the_command_refuses_extra_body_that_is_not_an_object(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["load", "--url", "http://x", "--api", "openai-chat", "--extra-body", "[1]"])
+    assert exited.value.code != 0
+    assert "JSON object" in capsys.readouterr().err

@@ -28,6 +28,7 @@ import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -70,6 +71,12 @@ class Endpoint:
             raise ValueError(f"--api must be one of {', '.join(APIS)}")
         if self.api.startswith("kserve") and not self.model:
             raise ValueError(f"--api {self.api} needs --model: KServe names the model in the call")
+        if self.api == "kserve-v2-grpc":
+            parts = urlsplit(self.url)
+            if parts.scheme not in ("grpc", "grpcs", "http", "https") or not parts.hostname:
+                raise ValueError(f"{self.url!r}: give grpc://host:port or grpcs://host:port")
+        else:
+            Origin.parse(self.url)
 
     def ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=self.ca_cert)
