@@ -194,6 +194,12 @@ def summary_line(point: dict[str, Any]) -> str:
     if point["goodput_rps"] is not None:
         parts.append(f"goodput {point['goodput_rps']:.1f} req/s,")
     parts.append(f"send lag p99 {ms('send_lag', 'p99')} ms;")
+    parse = point.get("client_parse", {})
+    if parse.get("count"):  # another API's stream: the client's own share of each gap
+        parts.append(f"client parse p50 {parse['p50_ms'] * 1000:.1f} us an event;")
+    counted = point.get("token_count", {})
+    if counted and set(counted) != {"token_ids"}:
+        parts.append("tokens counted by " + "/".join(sorted(counted)) + ";")
     parts.append(integrity_text(point["integrity"]))
     return " ".join(parts)
 
