@@ -9,7 +9,6 @@ the command line.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, Protocol, TypeAlias
 
@@ -25,7 +24,6 @@ ADJUST_ROUNDS: Final = 8
 """Decode/re-encode rounds that bring a synthetic prompt to its length with a tokenizer."""
 
 Kind: TypeAlias = Literal["fixed", "uniform", "normal", "lognormal"]
-_NUMBER: Final = r"\s*([0-9.eE+-]+)\s*"
 
 
 class LengthsError(ValueError):
@@ -88,19 +86,19 @@ class Lengths:
                 f"{text!r}: unknown distribution {kind!r} "
                 "(N, uniform:LOW,HIGH, normal:MEAN,STD or lognormal:MEDIAN,SIGMA)"
             )
-        match = re.fullmatch(_NUMBER + "," + _NUMBER, rest)
-        if match is None:
+        numbers = rest.split(",")
+        if len(numbers) != 2:
             raise LengthsError(f"{text!r}: {kind} takes two numbers, {kind}:A,B")
         if kind == "uniform":
-            low, high = _integer(match[1], text), _integer(match[2], text)
+            low, high = _integer(numbers[0], text), _integer(numbers[1], text)
             if low > high:
                 raise LengthsError(f"{text!r}: LOW is above HIGH")
             return cls(kind="uniform", first=low, second=high)
-        centre, spread = _number(match[1], text), _number(match[2], text)
+        centre, spread = _number(numbers[0], text), _number(numbers[1], text)
         if not 1 <= centre <= MAX_LENGTH_TOKENS:
-            raise LengthsError(f"{text!r}: {match[1]} is not 1 to {MAX_LENGTH_TOKENS}")
+            raise LengthsError(f"{text!r}: {centre:g} is not 1 to {MAX_LENGTH_TOKENS}")
         if spread < 0:
-            raise LengthsError(f"{text!r}: {match[2]} is negative")
+            raise LengthsError(f"{text!r}: {spread:g} is negative")
         return cls(kind=kind, first=centre, second=spread)  # type: ignore[arg-type]
 
     def __str__(self) -> str:
@@ -204,7 +202,7 @@ class SyntheticPrompts:
 def _word_texts(rng: np.random.Generator, lengths: np.ndarray) -> list[str]:
     words = np.asarray(WORDS, dtype=object)[rng.integers(0, len(WORDS), int(lengths.sum()))]
     ends = np.cumsum(lengths).tolist()
-    starts = [0, *ends[:-1]]
+    starts = [0, *ends][: len(ends)]
     return [" ".join(words[start:end]) for start, end in zip(starts, ends, strict=True)]
 
 
@@ -234,7 +232,8 @@ def _token_texts(
     targets = lengths.tolist()
     draws = pool[rng.integers(0, len(pool), int(lengths.sum()))].tolist()
     ends = np.cumsum(lengths).tolist()
-    ids = [draws[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+    starts = [0, *ends][: len(ends)]
+    ids = [draws[start:end] for start, end in zip(starts, ends, strict=True)]
     texts = [""] * len(targets)
     counts = [0] * len(targets)
     pending = list(range(len(targets)))

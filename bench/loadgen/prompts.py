@@ -275,11 +275,11 @@ def bundled_records() -> list[dict[str, Any]]:
     """The bundled set's records, made from the vocabulary and the templates above."""
     choose = _Choices(BUNDLED_SEED)
     weighted = [template for weight, template in TEMPLATES for _ in range(weight)]
-    records = []
-    for _ in range(BUNDLED_COUNT):
+    records: dict[str, int] = {}
+    while len(records) < BUNDLED_COUNT:
         text, max_tokens = weighted[choose.below(len(weighted))](choose)
-        records.append({"prompt": text, "max_tokens": max_tokens})
-    return records
+        records.setdefault(text, max_tokens)  # each prompt once
+    return [{"prompt": text, "max_tokens": n} for text, n in records.items()]
 
 
 def bundled_bytes() -> bytes:
