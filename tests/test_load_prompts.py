@@ -16,7 +16,12 @@ import numpy as np
 import pytest
 
 from inferwire.bench.loadgen import prompt_files, prompts
-from inferwire.bench.loadgen.prompt_sets import MAX_LENGTH_TOKENS, WORDS, ListedPrompts
+from inferwire.bench.loadgen.prompt_sets import (
+    MAX_LENGTH_TOKENS,
+    WORDS,
+    ListedPrompts,
+    SyntheticPrompts,
+)
 from inferwire.bench.loadgen.prompts import Lengths, LengthsError, Prompt, PromptFileError
 from inferwire.bench.loadgen.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from inferwire.transports.arguments import CommandError, Parser
@@ -476,6 +481,17 @@ def test_the_options_choose_the_set(tmp_path: Path, tokenizer: Tokenizer) -> Non
 def test_bad_options_are_command_errors(argv: list[str], message: str) -> None:
     with pytest.raises(CommandError, match=message):
         prompts.prompt_set_from_args(_args(*argv))
+
+
+def test_the_tokenizer_option_loads_once(tokenizer: Tokenizer) -> None:
+    args = _args("--tokenizer", str(tokenizer.path))
+    loaded = prompts.tokenizer_from_args(args)
+    assert loaded is not None
+    assert loaded.path == tokenizer.path
+    assert prompts.tokenizer_from_args(_args()) is None
+    chosen = prompts.prompt_set_from_args(args, tokenizer=loaded)
+    assert isinstance(chosen, SyntheticPrompts)
+    assert chosen.tokenizer is loaded
 
 
 def test_a_bad_file_is_a_command_error_with_its_line(tmp_path: Path) -> None:

@@ -162,7 +162,7 @@ class SyntheticPrompts:
     input_tokens: Lengths
     output_tokens: Lengths | None
     tokenizer: Tokenizer | None = None
-    _pool: np.ndarray = field(init=False, repr=False)
+    _pool: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         pool = _drawable_ids(self.tokenizer) if self.tokenizer else np.arange(len(WORDS))
