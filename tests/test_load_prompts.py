@@ -86,6 +86,7 @@ def tokenizer(
         ("uniform:8,8", "uniform", 8, 8),
         ("normal:256,32", "normal", 256, 32),
         ("lognormal:300,0.5", "lognormal", 300, 0.5),
+        ("normal:1048576,0.123456789", "normal", MAX_LENGTH_TOKENS, 0.123456789),
     ],
 )
 def test_lengths_parse(text: str, kind: str, first: float, second: float) -> None:

@@ -99,12 +99,13 @@ class Lengths:
             raise LengthsError(f"{text!r}: {centre:g} is not 1 to {MAX_LENGTH_TOKENS}")
         if spread < 0:
             raise LengthsError(f"{text!r}: {spread:g} is negative")
-        return cls(kind=kind, first=centre, second=spread)  # type: ignore[arg-type]
+        shape: Kind = "normal" if kind == "normal" else "lognormal"
+        return cls(kind=shape, first=centre, second=spread)
 
     def __str__(self) -> str:
         if self.kind == "fixed":
-            return f"{self.first:g}"
-        return f"{self.kind}:{self.first:g},{self.second:g}"
+            return _shown(self.first)
+        return f"{self.kind}:{_shown(self.first)},{_shown(self.second)}"
 
     def draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
         """``count`` lengths, as int64."""
@@ -117,6 +118,11 @@ class Lengths:
         else:
             values = rng.lognormal(math.log(self.first), self.second, size=count)
         return np.clip(np.rint(values), 1, MAX_LENGTH_TOKENS).astype(np.int64)
+
+
+def _shown(number: float) -> str:
+    # as written, so that str() parses back to the same Lengths
+    return str(int(number)) if float(number).is_integer() else repr(float(number))
 
 
 def _number(text: str, spec: str) -> float:
@@ -162,11 +168,12 @@ class SyntheticPrompts:
     input_tokens: Lengths
     output_tokens: Lengths | None
     tokenizer: Tokenizer | None = None
-    _pool: np.ndarray = field(init=False, repr=False, compare=False)
+    _token_ids: np.ndarray | None = field(init=False, repr=False, compare=False)
+    """The tokenizer's ids that a prompt is made of (found once: it decodes the vocabulary)."""
 
     def __post_init__(self) -> None:
-        pool = _drawable_ids(self.tokenizer) if self.tokenizer else np.arange(len(WORDS))
-        object.__setattr__(self, "_pool", pool)
+        ids = _drawable_ids(self.tokenizer) if self.tokenizer else None
+        object.__setattr__(self, "_token_ids", ids)
 
     @property
     def name(self) -> str:
@@ -187,11 +194,11 @@ class SyntheticPrompts:
             if self.output_tokens is None
             else self.output_tokens.draw(rng, count).tolist()
         )
-        if self.tokenizer is None:
+        if self.tokenizer is None or self._token_ids is None:
             texts = _word_texts(rng, lengths)
             counts = lengths.tolist()
         else:
-            texts, counts = _token_texts(rng, self.tokenizer, self._pool, lengths)
+            texts, counts = _token_texts(rng, self.tokenizer, self._token_ids, lengths)
         exact = self.tokenizer is not None
         return [
             Prompt(text=text, input_tokens=n, max_tokens=out, input_tokens_exact=exact)
