@@ -171,6 +171,9 @@ def test_synthetic_prompts_are_seeded_and_differ_at_the_start() -> None:
     assert prompt_set.draw(0, seed=5) == []
     with pytest.raises(ValueError, match="cannot draw -1"):
         prompt_set.draw(-1, seed=5)
+    huge = prompts.synthetic(Lengths.parse(str(MAX_LENGTH_TOKENS)), None)
+    with pytest.raises(ValueError, match="draw fewer at a time"):
+        huge.draw(1000, seed=5)  # refused before any text is made
 
 
 @pytest.mark.parametrize("spec", ["1", "64", "256", "uniform:1,300"])

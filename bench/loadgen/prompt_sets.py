@@ -20,6 +20,8 @@ from .tokenizer import Tokenizer, TokenizerError
 
 MAX_LENGTH_TOKENS: Final = 1 << 20
 """Largest length a distribution may give: past any context window served today."""
+MAX_DRAW_TOKENS: Final = 1 << 28
+"""Most tokens one synthetic draw makes (about 2 GB of text): 100,000 prompts of 2,048."""
 ADJUST_ROUNDS: Final = 8
 """Decode/re-encode rounds that bring a synthetic prompt to its length with a tokenizer."""
 
@@ -189,6 +191,11 @@ class SyntheticPrompts:
         _check_count(count)
         rng = np.random.default_rng(seed)
         lengths = self.input_tokens.draw(rng, count)
+        if lengths.sum() > MAX_DRAW_TOKENS:
+            raise ValueError(
+                f"{count} prompts of {self.input_tokens} tokens make {lengths.sum()} tokens, "
+                f"more than the {MAX_DRAW_TOKENS} one draw may hold: draw fewer at a time"
+            )
         outputs: list[int | None] = (
             [None] * count
             if self.output_tokens is None
@@ -282,10 +289,11 @@ class ListedPrompts:
     def draw(self, count: int, *, seed: int) -> list[Prompt]:
         _check_count(count)
         rng = np.random.default_rng(seed)
-        order: list[int] = []
-        while len(order) < count:
-            order += rng.permutation(len(self.prompts)).tolist()
-        return [self.prompts[i] for i in order[:count]]
+        size = len(self.prompts)
+        passes = -(-count // size)
+        # one shuffle of the list per pass over it, all drawn at once
+        order = rng.permuted(np.tile(np.arange(size), (passes, 1)), axis=1)
+        return [self.prompts[i] for i in order.ravel()[:count].tolist()]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
