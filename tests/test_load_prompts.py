@@ -395,6 +395,8 @@ def test_files_that_cannot_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     latin1.write_bytes(b'{"prompt": "caf\xe9"}\n')
     with pytest.raises(PromptFileError, match="not UTF-8"):
         prompts.from_file(latin1)
+    with pytest.raises(PromptFileError, match="Is a directory"):
+        prompts.from_file(tmp_path)
     monkeypatch.setattr(prompt_files, "MAX_RECORD_CHARS", 100)
     long_line = _jsonl(tmp_path / "long.jsonl", {"prompt": "a"}, {"prompt": "b" * 200})
     with pytest.raises(PromptFileError, match="a line longer than 100") as raised:
@@ -416,7 +418,9 @@ def test_files_that_cannot_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_the_bundled_file_is_what_the_generator_writes(tmp_path: Path) -> None:
-    assert BUNDLED.read_bytes() == prompts.bundled_bytes()
+    assert BUNDLED.read_bytes() == prompts.bundled_bytes(), (
+        "the bundled prompts are stale: python -m inferwire.bench.loadgen.prompts write-bundled"
+    )
     written = tmp_path / "again.jsonl"
     assert prompts.main(["write-bundled", "--output", str(written)]) == 0
     assert written.read_bytes() == BUNDLED.read_bytes()

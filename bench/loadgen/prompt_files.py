@@ -22,6 +22,7 @@ not pass MAX_RECORD_CHARS, and the prompts kept may not pass MAX_KEPT_CHARS in a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterator
@@ -69,7 +70,7 @@ def read_prompts(path: Path, *, name: str, tokenizer: Tokenizer | None = None) -
     batch: list[_Record] = []
     skipped = 0
     kept_chars = 0
-    with file:
+    with file, _read_errors(path):
         for line, item in _records(file, path):
             record = _record(item, path, line)
             if record is None:
@@ -93,6 +94,14 @@ def read_prompts(path: Path, *, name: str, tokenizer: Tokenizer | None = None) -
         input_tokens_counted_by="tokenizer" if tokenizer else "none",
         skipped=skipped,
     )
+
+
+@contextlib.contextmanager
+def _read_errors(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:  # a read that failed, a pipe that cannot seek back
+        raise PromptFileError(path, 0, f"cannot be read: {exc}") from None
 
 
 def _counted(batch: list[_Record], tokenizer: Tokenizer | None) -> list[Prompt]:
@@ -122,11 +131,11 @@ def _records(file: IO[str], path: Path) -> Iterator[tuple[int, object]]:
     """(line, parsed record) for each record: of a JSON array if the file starts with ``[``,
     else of each non-blank line."""
     try:
-        head = ""
-        while not head.lstrip(_WHITESPACE) and (more := file.read(READ_CHARS)):
-            head += more
+        first = ""
+        while not first and (more := file.read(READ_CHARS)):
+            first = more.lstrip(_WHITESPACE)[:1]
         file.seek(0)
-        if head.lstrip(_WHITESPACE).startswith("["):
+        if first == "[":
             yield from _array_items(file, path)
         else:
             yield from _lines(file, path)
