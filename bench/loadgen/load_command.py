@@ -142,6 +142,7 @@ async def _sweep(
     else:
         target = await api.open()
         expected = None
+        api.requests(max(len(spec.offsets_ns(rate)) for rate in args.rate))  # drawn up front
         first = api.requests(1)[0]
     points = []
     try:
