@@ -304,3 +304,22 @@ def test_the_command_refuses_bad_run_flags(
     argv = ["load", "--transport", "tcp", "--address", "127.0.0.1:9", *flags]
     assert cli.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_windows_and_the_bound_hold_for_another_api(tmp_path: Path) -> None:
+    """Through the OpenAI API (our server spawned behind it): the excluded requests are in no
+    token count and no client parse time either, and the bound holds."""
+    out = tmp_path / "api.json"
+    argv = ["load", "--spawn", "--transport", "http1", "--api", "openai-chat", "--quiet"]
+    argv += ["--workload", "stream-16", "--max-tokens", "10", "--decode-ms", "1"]
+    argv += ["--arrival", "constant", "--rate", "40", "--duration", "1"]
+    argv += ["--warmup-s", "0.25", "--cooldown-s", "0.25", "--max-in-flight", "4"]
+    argv += ["--out", str(out)]
+    assert cli.main(argv) == 0
+    (point,) = json.loads(out.read_text())["points"]
+    assert point["requests_scheduled"] == 40
+    assert point["requests_measured"] == point["requests_completed"] == 21  # 0.25 s to 0.75 s
+    assert sum(point["token_count"].values()) == 21
+    assert point["output_tokens"] == 210
+    assert 210 <= point["client_parse"]["count"] <= 21 * 20  # a stream has ~13 events
+    assert point["max_in_flight"] <= 4

@@ -43,7 +43,7 @@ from . import metrics
 from .arrivals import ARRIVALS as ARRIVALS  # the schedules moved there; re-exported
 from .arrivals import Arrival as Arrival
 from .arrivals import arrival_offsets_ns as arrival_offsets_ns
-from .metrics import Recorder, Slo, Window
+from .metrics import Histogram, Recorder, Slo, Window
 
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
 DEFAULT_DURATION_S: Final = 10.0
@@ -62,9 +62,46 @@ class Target(Protocol):
     """What the generator sends to: an :class:`~inferwire.transports.Client`, a pool of them,
     or anything else with the same ``generate``."""
 
-    def generate(self, request: it.GenerateRequest, /) -> AsyncIterator[ic.TokenChunk]: ...
+    def generate(self, request: Any, /) -> AsyncIterator[Any]: ...
 
     async def close(self) -> None: ...
+
+
+class StreamCheck(Protocol):
+    """Checks one stream as it arrives: :meth:`check` takes each item and returns the tokens
+    it carries; :meth:`finish`, after the last, raises if the stream is not whole and sets
+    ``output_tokens`` (which may differ from the sum of the counts: a server's usage) and
+    ``input_tokens``, and ``source`` says how the tokens were counted."""
+
+    output_tokens: int
+    input_tokens: int | None
+    source: str
+
+    def check(self, item: Any, /) -> int: ...
+
+    def finish(self, counted: int) -> None: ...
+
+
+class VerifiedStream:
+    """:class:`StreamCheck` for inferwire's own servers: the stream verifier's sequence, end
+    marker and, with ``expected``, content checks."""
+
+    __slots__ = ("check", "input_tokens", "output_tokens", "source", "verifier")
+
+    def __init__(self, expected: Sequence[ic.TokenChunk] | None = None) -> None:
+        self.verifier = StreamVerifier(expected)
+        self.check = self.verifier.check
+        self.output_tokens = 0
+        self.input_tokens: int | None = None
+        self.source = "token_ids"
+
+    def finish(self, counted: int) -> None:
+        self.verifier.finish()
+        self.output_tokens = counted
+
+
+CheckFactory = Callable[[Histogram], Callable[[], StreamCheck]]
+"""Given a point's histogram of client parse times, makes each request's check."""
 
 
 class ClientPool:
@@ -189,17 +226,20 @@ class _Run:
     def __init__(
         self,
         target: Target,
-        request: it.GenerateRequest,
+        request_for: Callable[[int], Any],
         recorder: Recorder,
         on_done: Callable[[], object] | None,
-        expected: Sequence[ic.TokenChunk] | None = None,
+        new_check: Callable[[], StreamCheck],
         bound: int | None = None,
+        unmeasured_check: Callable[[], StreamCheck] | None = None,
     ) -> None:
         self.target = target
-        self.request = request
+        self.request_for = request_for
         self.recorder = recorder
         self.on_done = on_done
-        self.expected = expected
+        self.new_check = new_check
+        self.unmeasured_check = unmeasured_check or new_check
+        """For requests in a warm-up or cool-down window: its parse times go nowhere."""
         self.in_flight = 0
         self.start_ns = 0
         self.bound = bound
@@ -219,10 +259,12 @@ class _Run:
         gaps_ns: list[int] = []  # recorded once the stream is whole: a failure has no ITL
         chunk_tokens: list[int] = []
         error: str | None = None
+        checker: StreamCheck | None = None
         try:
-            stream = self.target.generate(self.request)
-            verifier = StreamVerifier(self.expected)
-            check = verifier.check
+            stream = self.target.generate(self.request_for(index))
+            measured = recorder.measures(intended_ns)
+            checker = self.new_check() if measured else self.unmeasured_check()
+            check = checker.check
             async for chunk in stream:
                 count = check(chunk)
                 if not count:
@@ -235,13 +277,15 @@ class _Run:
                     first_ns = arrived_ns
                 previous_ns = arrived_ns
                 tokens += count
-            verifier.finish()
+            checker.finish(tokens)
             done_ns = now_ns()
+            if measured:
+                recorder.token_sources[checker.source] += 1
             recorder.completed_stream(
                 intended_ns=intended_ns,
                 first_token_ns=first_ns,
                 done_ns=done_ns,
-                output_tokens=tokens,
+                output_tokens=checker.output_tokens if tokens else 0,
                 gaps_ns=gaps_ns,
                 chunk_tokens=chunk_tokens,
             )
@@ -255,6 +299,8 @@ class _Run:
             self.in_flight -= 1
             if self.on_done is not None:
                 self.on_done()
+        if error is None and checker is not None and tokens:
+            tokens = checker.output_tokens
         recorder.add_record(
             metrics.RequestRecord(
                 index=index,
@@ -268,7 +314,7 @@ class _Run:
                 chunks=len(gaps_ns) + (1 if tokens else 0),
                 tpot_ms=(done_ns - first_ns) / (tokens - 1) / 1e6 if tokens > 1 else None,
                 itl_max_ms=max(gaps_ns) / 1e6 if gaps_ns else None,
-                input_tokens=None,
+                input_tokens=checker.input_tokens if checker is not None else None,
                 measured=recorder.measures(intended_ns),
             )
         )
@@ -331,11 +377,16 @@ async def run_point(
     server_pid: int | None = None,
     progress: bool = False,
     expected: Sequence[ic.TokenChunk] | None = None,
+    request_for: Callable[[int], Any] | None = None,
+    checks: CheckFactory | None = None,
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
     Every stream is verified (see the module docstring); ``expected``: the chunks each should
-    carry (e.g. :meth:`LoadSpec.expected_chunks`), to catch altered content too."""
+    carry (e.g. :meth:`LoadSpec.expected_chunks`), to catch altered content too. For a target
+    of another API (:mod:`.endpoints`): ``request_for`` gives the request of each index of
+    the schedule (default: ``spec.request()`` for all), ``checks`` the checks of its streams
+    (default: :class:`VerifiedStream`)."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
     if spec.max_in_flight is not None and spec.max_in_flight < 1:
@@ -359,8 +410,20 @@ async def run_point(
         disable=not progress,
         leave=False,
     ) as bar:
+        if request_for is None:
+            same = spec.request()
+            request_for = lambda _: same  # noqa: E731
+        new_check = (
+            (lambda: VerifiedStream(expected)) if checks is None else checks(recorder.client_parse)
+        )
         run = _Run(
-            target, spec.request(), recorder, bar.update if progress else None, expected, bound
+            target,
+            request_for,
+            recorder,
+            bar.update if progress else None,
+            new_check,
+            bound,
+            new_check if checks is None else checks(metrics.Histogram()),
         )
         cpu.start()
         start_ns = now_ns() + 1_000_000  # a millisecond to get the scheduler going
@@ -396,7 +459,7 @@ def finite_or_text(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
-async def warm_up(target: Target, request: it.GenerateRequest, requests: int) -> None:
+async def warm_up(target: Target, request: Any, requests: int) -> None:
     """Open connections and fill the server's caches before anything is timed; raises the
     first failure."""
     outcomes = await asyncio.gather(
@@ -407,7 +470,7 @@ async def warm_up(target: Target, request: it.GenerateRequest, requests: int) ->
             raise outcome
 
 
-async def _drain(chunks: AsyncIterator[ic.TokenChunk]) -> None:
+async def _drain(chunks: AsyncIterator[Any]) -> None:
     async for _ in chunks:
         pass
 
