@@ -120,17 +120,18 @@ def test_bad_searches_are_refused(kwargs: dict[str, Any]) -> None:
 def test_the_command_finds_a_paced_servers_capacity(tmp_path: Path) -> None:
     """`inferwire serve` paced at 20 ms to the first token and 2 ms a token streams 16 tokens in
     about 52 ms; four at a time (--concurrency 4) carry at most 4 / 0.052 = ~77 req/s. With
-    constant arrivals, a rate under that never queues (TTFT ~22 ms); above it the queue grows
-    for the whole point, and well over it a growing share of the requests wait more than the
-    300 ms TTFT SLO. The SLO is an order of magnitude from either side, 10% of the requests may
-    miss it (a stalled machine misses a few), and the send lag bound is loose (a busy 2-core
-    machine lags tens of ms), so the bracket holds with wide margins."""
+    constant arrivals, a rate under that never queues (TTFT ~22 ms); at a rate r over it the
+    queue grows all point long, and a request intended t seconds in waits about t (r / 77 - 1).
+    With a 600 ms TTFT SLO that 10% of a 3 s point may miss, rates from ~1.25x the capacity
+    fail and rates under it pass, even with the generator's process stalled for half a second
+    (a busy 2-core machine does that: seen 0.3 s at a load average of 35). The generator's own
+    criterion (send lag) is set out of reach here: the search's tests above cover it."""
     out = tmp_path / "capacity.json"
     argv = ["load", "--transport", "tcp", "--spawn", "--prefill-ms", "20", "--decode-ms", "2"]
     argv += ["--workload", "stream-16", "--arrival", "constant", "--concurrency", "4"]
-    argv += ["--duration", "2", "--rate", "20", "--capacity", "--slo-ttft-ms", "300"]
+    argv += ["--duration", "3", "--rate", "20", "--capacity", "--slo-ttft-ms", "600"]
     argv += ["--capacity-goodput", "0.9", "--capacity-precision", "0.2"]
-    argv += ["--capacity-max-lag-ms", "200", "--quiet"]
+    argv += ["--capacity-max-lag-ms", "5000", "--quiet"]
     argv += ["--out", str(out)]
     assert cli.main(argv) == 0
     report = json.loads(out.read_text())

@@ -15,10 +15,13 @@ noisy point can break that; the points are all there to see it.
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
+
+from inferwire.transports.arguments import CommandError
 
 DEFAULT_GOODPUT_FRACTION: Final = 0.99
 DEFAULT_PRECISION: Final = 0.1
@@ -58,6 +61,31 @@ class CapacitySpec:
             raise ValueError("a capacity search needs at least two points")
         if not self.max_send_lag_p99_ms > 0:
             raise ValueError("the send lag bound must be positive")
+
+
+def spec_from_args(args: argparse.Namespace) -> CapacitySpec:
+    """The search ``inferwire load --capacity`` asks for; raises ``CommandError``."""
+    try:
+        return CapacitySpec(
+            start_rps=args.rate[0],
+            goodput_fraction=args.capacity_goodput,
+            precision=args.capacity_precision,
+            max_points=args.capacity_max_points,
+            max_send_lag_p99_ms=args.capacity_max_lag_ms,
+        )
+    except ValueError as exc:
+        raise CommandError(f"--capacity: {exc}") from None
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number above 0 and at most 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError("a fraction is above 0 and at most 1")
+    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

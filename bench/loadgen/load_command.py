@@ -122,16 +122,6 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError("a fraction is above 0 and at most 1")
-    return value
-
-
 def _caps(text: str) -> list[int]:
     try:
         caps = [int(part) for part in text.split(",")]
@@ -203,7 +193,7 @@ async def _sweep(
             cap = args.concurrency[0]
             found = await capacity.search(
                 lambda rate: measure(rate, cap),
-                _capacity_spec(args),
+                capacity.spec_from_args(args),
                 on_verdict=lambda verdict: print(capacity.verdict_line(verdict), flush=True),
             )
             print(capacity.result_line(found), flush=True)
@@ -215,19 +205,6 @@ async def _sweep(
         gc.unfreeze()
         await target.close()
     return points, found
-
-
-def _capacity_spec(args: argparse.Namespace) -> capacity.CapacitySpec:
-    try:
-        return capacity.CapacitySpec(
-            start_rps=args.rate[0],
-            goodput_fraction=args.capacity_goodput,
-            precision=args.capacity_precision,
-            max_points=args.capacity_max_points,
-            max_send_lag_p99_ms=args.capacity_max_lag_ms,
-        )
-    except ValueError as exc:
-        raise CommandError(f"--capacity: {exc}") from None
 
 
 FD_HEADROOM: Final = 64
@@ -343,7 +320,7 @@ def _load(args: argparse.Namespace) -> int:
             )
         if len(args.rate) != 1 or len(args.concurrency) != 1:
             raise CommandError("--capacity searches from one --rate, with one --concurrency")
-        _capacity_spec(args)
+        capacity.spec_from_args(args)
     if (args.ramp_from is None) != (args.ramp_s is None):
         raise CommandError("a ramp takes both --ramp-from RATE and --ramp-s SECONDS")
     spec = LoadSpec(
@@ -564,7 +541,7 @@ def add_commands(commands: arguments.Commands) -> None:
     )
     runs.add_argument(
         "--capacity-goodput",
-        type=_fraction,
+        type=capacity.fraction,
         metavar="FRACTION",
         default=capacity.DEFAULT_GOODPUT_FRACTION,
         help="the share of requests that must meet every SLO",
