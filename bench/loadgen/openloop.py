@@ -379,6 +379,7 @@ async def run_point(
     expected: Sequence[ic.TokenChunk] | None = None,
     request_for: Callable[[int], Any] | None = None,
     checks: CheckFactory | None = None,
+    on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
@@ -399,7 +400,7 @@ async def run_point(
             np.count_nonzero((offsets_ns >= window.from_ns) & (offsets_ns <= window.until_ns))
         )
     bound = spec.max_in_flight if concurrency is None else None
-    recorder = Recorder(spec.slo, window=window)
+    recorder = Recorder(spec.slo, on_record=on_record, window=window)
     cpu = metrics.CpuMeter(server_pid)
     label = f"rate {rate_rps:g}/s" + (f" cap {concurrency}" if concurrency else "")
     with tqdm(
