@@ -5,16 +5,10 @@ workers on loopback against ``inferwire serve``."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import csv
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,7 +17,7 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.loadgen import hdr_merge, openloop, split_run
+from inferwire.bench.loadgen import hdr_merge, locust_local, metrics, openloop, split_run
 from inferwire.bench.loadgen.metrics import Histogram, RequestRecord
 from inferwire.bench.procs import server_process
 from inferwire.bench.runner import cli
@@ -53,7 +47,7 @@ class NullTarget:
 
 def _records_of(spec: openloop.LoadSpec, rate_rps: float) -> list[RequestRecord]:
     records: list[RequestRecord] = []
-    original = openloop.Recorder.add_record
+    original = metrics.Recorder.add_record
 
     def keep(self: Any, record: RequestRecord) -> None:
         records.append(record)
@@ -63,7 +57,7 @@ def _records_of(spec: openloop.LoadSpec, rate_rps: float) -> list[RequestRecord]
         await openloop.run_point(NullTarget(), spec, rate_rps=rate_rps)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(openloop.Recorder, "add_record", keep)
+        patch.setattr(metrics.Recorder, "add_record", keep)
         asyncio.run(go())
     return records
 
@@ -170,7 +164,7 @@ def test_a_bad_encoded_histogram_is_a_value_error(encoded: dict[str, Any]) -> No
 
 
 def test_a_histogram_of_another_precision_is_refused() -> None:
-    from hdrh.histogram import HdrHistogram
+    from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped]
 
     other = HdrHistogram(1, 1_000_000, 2).encode().decode("ascii")
     encoded = {"hdr": other, "sum_ns": 0, "max_ns": 0, "spread": False}
@@ -276,48 +270,6 @@ def test_a_record_becomes_locust_entries() -> None:
 
 # -- a real master and two real workers ----------------------------------------------------
 
-LOCUSTFILE: Final = str(Path(split_run.__file__).with_name("locust_user.py"))
-RUN_TIMEOUT_S: Final = 240.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes started in their own process groups; each group (with the ``inferwire load``
-    children a worker started) is ended at the exit, whatever happened."""
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        yield started
-    finally:
-        for process in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in started:
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(20)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # a child left behind
-
-
-def _locust(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "locust", "-f", LOCUSTFILE, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=log.parent,
-            start_new_session=True,
-        )
-
 
 def _locust_rows(stats_csv: Path) -> dict[tuple[str, str], dict[str, str]]:
     with stats_csv.open(newline="") as rows:
@@ -328,57 +280,28 @@ def _locust_rows(stats_csv: Path) -> dict[tuple[str, str], dict[str, str]]:
 def test_a_master_and_two_workers_send_the_whole_schedule(tmp_path: Path) -> None:
     requests, rate_rps, seed = 120, 40.0, 5
     scheduled = len(openloop.LoadSpec(requests=requests, seed=seed).offsets_ns(rate_rps))
-    port = _free_port()
-    out = tmp_path / "merged.json"
-    with server_process.serve("http2", "orjson") as server, _processes() as started:
+    with server_process.serve("http2", "orjson") as server:
         load = (
             f"--transport http2 --address {server.address} --rate {rate_rps:g} "
             f"--requests {requests} --seed {seed} --warmup 2"
         )
-        master = _locust(
-            "--master",
-            "--headless",
-            "--master-bind-host=127.0.0.1",
-            f"--master-bind-port={port}",
-            "--expect-workers=2",
-            "--users=2",
-            "--spawn-rate=2",
-            f"--inferwire-load={load}",
-            f"--inferwire-out={out}",
-            "--inferwire-lead-s=8",  # a late start shows as send lag, never as lost requests
-            f"--csv={tmp_path / 'locust'}",
-            log=tmp_path / "master.log",
+        run = locust_local.run_local(
+            load,
+            workers=2,
+            folder=tmp_path,
+            lead_s=8.0,  # a late start shows as send lag, never as lost requests
+            timeout_s=240.0,
+            master_options=[f"--csv={tmp_path / 'locust'}"],
         )
-        started.append(master)
-        for index in range(2):
-            started.append(
-                _locust(
-                    "--worker",
-                    "--master-host=127.0.0.1",
-                    f"--master-port={port}",
-                    f"--inferwire-parts-dir={tmp_path / f'worker{index}'}",
-                    log=tmp_path / f"worker{index}.log",
-                )
-            )
-        try:
-            status = master.wait(RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the master did not end: " + (tmp_path / "master.log").read_text()[-2000:])
-        for worker in started[1:]:
-            worker.wait(60)
-    log = (tmp_path / "master.log").read_text()
-    assert status == 0, log[-3000:]
-    report = json.loads(out.read_text())
+    assert run.status == 0, run.log()[-3000:]
+    report = run.report
     (point,) = report["points"]
     assert point["requests_scheduled"] == scheduled
     assert point["requests_completed"] == scheduled, point["errors"]
     assert report["parameters"]["split"]["kind"] == "locust"
     assert report["parameters"]["split"]["workers"] == 2
     # each worker's own report of its part, as its generator wrote it
-    parts = [
-        json.loads(path.read_text())["points"][0]
-        for path in sorted(tmp_path.glob("worker*/part-*-of-2.json"))
-    ]
+    parts = run.part_points()
     assert sorted(p["part"]["index"] for p in parts) == [0, 1]
     assert sum(p["requests_scheduled"] for p in parts) == scheduled
     for name in ("ttft", "tpot", "itl_per_token", "itl_per_chunk", "e2e", "send_lag"):
