@@ -331,6 +331,7 @@ async def run_point(
     server_pid: int | None = None,
     progress: bool = False,
     expected: Sequence[ic.TokenChunk] | None = None,
+    on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
@@ -339,7 +340,7 @@ async def run_point(
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
     offsets_ns, index_first, index_step = spec.part_of(spec.offsets_ns(rate_rps))
-    recorder = Recorder(spec.slo)
+    recorder = Recorder(spec.slo, on_record=on_record)
     cpu = metrics.CpuMeter(server_pid)
     label = f"rate {rate_rps:g}/s" + (f" cap {concurrency}" if concurrency else "")
     with tqdm(
