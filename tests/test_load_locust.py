@@ -17,7 +17,14 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.loadgen import hdr_merge, locust_local, metrics, openloop, split_run
+from inferwire.bench.loadgen import (
+    hdr_merge,
+    html_report,
+    locust_local,
+    metrics,
+    openloop,
+    split_run,
+)
 from inferwire.bench.loadgen.metrics import Histogram, RequestRecord
 from inferwire.bench.procs import server_process
 from inferwire.bench.runner import cli
@@ -202,6 +209,10 @@ def test_merged_parts_are_the_whole_point() -> None:
         assert merged[name]["count"] == sum(p[name]["count"] for p in parts)
     assert merged["duration_s"] == max(p["duration_s"] for p in parts)
     assert merged["integrity"]["verified"] == 300
+    timeline = merged["timeline"]
+    assert sum(timeline["completed"]) == 300
+    assert sum(timeline["tokens"]) == merged["output_tokens"]
+    assert timeline["percentiles"] == "upper bound"
     with pytest.raises(hdr_merge.MergeError, match=r"each of 0\.\.N-1 once"):
         hdr_merge.merge_points([parts[0]])
     with pytest.raises(hdr_merge.MergeError, match=r"each of 0\.\.N-1 once"):
@@ -307,6 +318,7 @@ def test_a_master_and_two_workers_send_the_whole_schedule(tmp_path: Path) -> Non
     for name in ("ttft", "tpot", "itl_per_token", "itl_per_chunk", "e2e", "send_lag"):
         assert point[name]["count"] == sum(p[name]["count"] for p in parts), name
     assert point["ttft"]["count"] == scheduled
+    assert "<svg" in html_report.render(report)  # the merged report draws as a single one
     # Locust's own statistics saw every request, from the records the parts streamed
     rows = _locust_rows(tmp_path / "locust_stats.csv")
     assert int(rows[("E2E", "http2/orjson")]["Request Count"]) == scheduled

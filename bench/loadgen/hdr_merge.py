@@ -13,7 +13,12 @@ schedule, with the same keys:
   last intended send times);
 - ``client_cpu_s`` is the parts' sum; ``server_cpu_s`` is the largest of the parts'
   measurements, each of which saw the same server over nearly the same time;
-- ``max_in_flight`` is the sum of the parts' maxima: an upper bound of the whole's.
+- ``max_in_flight`` is the sum of the parts' maxima: an upper bound of the whole's;
+- the ``timeline``'s counts are summed bucket by bucket (the parts' buckets cover the same
+  times: they share the start); its per-bucket percentiles cannot be merged from percentiles,
+  so each is the largest of the parts' (an upper bound of the whole's, which lies between the
+  parts' smallest and largest) and the timeline says so (``"percentiles": "upper bound"``).
+  Parts whose buckets differ in width give no timeline (``None``).
 
 A key this module does not know is kept when every part has the same value, and otherwise
 becomes the list of the parts' values (in part order), never a guess.
@@ -51,7 +56,9 @@ DERIVED: Final = (
     "integrity",
     "hdr",
     "part",
+    "timeline",
 )
+TIMELINE_PERCENTILES: Final = ("itl_p50_ms", "itl_p99_ms", "ttft_p50_ms")
 
 
 class MergeError(ValueError):
@@ -98,10 +105,13 @@ def merge_points(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         errors=dict(_summed_counters(p["errors"] for p in ordered)),
         error_examples=_first_examples(p.get("error_examples", {}) for p in ordered),
         integrity=_merged_integrity([p["integrity"] for p in ordered]),
+        timeline=_merged_timeline([p.get("timeline") for p in ordered]),
         **{name: h.summary_ms() for name, h in histograms.items()},
         hdr={name: h.encode() for name, h in histograms.items()},
     )
     del merged["part"]
+    if all(p.get("timeline") is None for p in ordered) and "timeline" not in _keys(ordered):
+        del merged["timeline"]  # a report from before timelines
     return merged
 
 
@@ -210,4 +220,25 @@ def _merged_integrity(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             merged[key] = all(values)  # content_checked: only if every part checked content
         else:
             merged[key] = sum(int(v or 0) for v in values)
+    return merged
+
+
+def _merged_timeline(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    if any(t is None for t in parts) or len({t["bucket_s"] for t in parts if t}) != 1:
+        return None
+    timelines = [t for t in parts if t is not None]
+    buckets = max(int(t["buckets"]) for t in timelines)
+    merged: dict[str, Any] = {"bucket_s": timelines[0]["bucket_s"], "buckets": buckets}
+    for key in _keys(timelines):
+        if key in merged or not isinstance(timelines[0][key], list):
+            continue
+        series = [list(t[key]) + [None] * (buckets - len(t[key])) for t in timelines]
+        if key in TIMELINE_PERCENTILES:
+            merged[key] = [
+                max((v for v in at if v is not None), default=None)
+                for at in zip(*series, strict=True)
+            ]
+        else:
+            merged[key] = [sum(v or 0 for v in at) for at in zip(*series, strict=True)]
+    merged["percentiles"] = "upper bound"
     return merged
