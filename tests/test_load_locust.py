@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -324,3 +325,21 @@ def test_a_master_and_two_workers_send_the_whole_schedule(tmp_path: Path) -> Non
     assert int(rows[("E2E", "http2/orjson")]["Request Count"]) == scheduled
     assert int(rows[("E2E", "http2/orjson")]["Failure Count"]) == 0
     assert int(rows[("TTFT", "http2/orjson")]["Request Count"]) == scheduled
+
+
+@pytest.mark.slow
+def test_a_part_that_fails_fails_the_run_and_writes_no_report(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+        run = locust_local.run_local(
+            f"--transport http2 --address {address} --requests 5 --warmup 1",
+            workers=1,
+            folder=tmp_path,
+            lead_s=2.0,
+            timeout_s=180.0,
+        )
+    assert run.status == 2, run.log()[-3000:]
+    assert "part 0/1 failed: exit 2" in run.log()
+    assert "the warm-up failed" in run.log()
+    assert not (tmp_path / "merged.json").exists()
