@@ -10,9 +10,20 @@ Run (one master, N workers; on one machine or several, whose clocks agree, e.g. 
     locust -f $LOCUSTFILE --worker --master-host MASTER_HOST    # once per worker
 
 Leave out ``--headless`` (and ``--users``) for the web UI, where the ``inferwire load``
-arguments can be edited before each run. ``--users`` must be at least the number of workers:
-each worker's part is driven by its first user (more users on a worker idle). Give no
-``--run-time``: the run ends when every part has reported (headless: the master quits).
+arguments can be edited before each run; the test stops when every part has reported.
+``--users`` must be at least the number of workers: each worker's part is driven by its first
+user (more users on a worker idle). Headless, the master quits when every part has reported;
+a ``--run-time``, if given, must outlast the schedule (a run stopped early writes no report).
+``locust_local.run_local`` starts a master and N workers on this machine.
+
+Options (beside Locust's own): ``--inferwire-load ARGS`` (the ``inferwire load`` arguments every
+part shares: one point, a server by ``--address``; ``--part``, ``--start-at``, ``--out``,
+``--records`` and ``--spawn`` are the split's own), ``--inferwire-out FILE`` (the merged
+report), ``--inferwire-lead-s S`` (from the test's start to the schedule's, default 5: time for
+each part to start its process and warm up; a late part shows as send lag), and, on a worker,
+``--inferwire-parts-dir DIR`` (keep each part's report, records and log). The master exits 2
+when a part failed or the parts do not merge (the part's error is in its log), else as Locust
+does (1 when a request failed).
 
 How it works. At the test's start the master draws nothing: it sends each worker its part
 ``I/N`` and one start instant (now + ``--inferwire-lead-s``). Each worker's user runs
@@ -22,11 +33,12 @@ schedule is drawn whole from the seed in every part and each keeps requests I, I
 parts together send exactly the one schedule from the one start. While the part runs, the user
 reads its per-request records (``--records``, JSONL) and fires them as Locust requests:
 "E2E" for every request (a failure with its error's name) and, for a completed one, "TTFT",
-"TPOT" and "ITL max" (milliseconds from the intended send time, as every latency of
-``inferwire load``; the name is the API or transport/codec). When its part ends, the worker
-sends the part's JSON report, HDR histograms included, to the master, which merges them
-(:mod:`inferwire.bench.loadgen.hdr_merge`) into the report one ``inferwire load --out`` would
-have written for the whole schedule, its parameters saying how it was split.
+"TPOT" and "ITL max" (the longest gap between two chunks), in milliseconds, TTFT and E2E from
+the intended send time as every latency of ``inferwire load``; the name is the API, else
+transport/codec. When its part ends, the worker sends the part's JSON report, HDR histograms
+included, to the master, which merges them (:mod:`inferwire.bench.loadgen.hdr_merge`) into the
+report one ``inferwire load --out`` would have written for the whole schedule, its parameters
+saying how it was split (``split``: Locust, the number of workers, each part's counts).
 
 Locust loads this file by path (not as ``inferwire.bench.loadgen.locust_user``), so its
 imports are absolute. It is the only module that imports Locust, which monkey-patches the
