@@ -97,7 +97,9 @@ MISTAKES: Final = (
     Mistake(("report", "--out", "/nonexistent"), r"no results to report: .*codecs.json"),
     Mistake(("bench", "--max-time", "-1"), r"--max-time: -1 is not above 0"),
     Mistake(("bench", "--out", __file__), r"cannot write results to .*Not a directory"),
-    Mistake(("load", "--transport", "tcp"), r"give either --address HOST:PORT or --spawn"),
+    Mistake(
+        ("load", "--transport", "tcp"), r"give --url URL --api API, --address HOST:PORT, or --spawn"
+    ),
     Mistake(
         ("load", "--transport", "tcp", "--address", "nope.invalid:80"),
         r"cannot resolve host 'nope.invalid'",

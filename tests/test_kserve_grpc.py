@@ -511,9 +511,25 @@ def test_a_bad_model_infer_is_invalid_argument(case: str) -> None:
 
 
 BAD_STREAM_REQUESTS = {
-    "inputs to the stream model": (
+    "an input the stream model does not take": (
         _request(model_name="stream-16", inputs=[FP32_2], raw=[b"\0" * 8]),
-        "takes no inputs",
+        "takes the inputs text_input, stream, max_tokens, not 'x'",
+    ),
+    "max_tokens as a float input": (
+        _request(
+            model_name="stream-16",
+            inputs=[{"name": "max_tokens", "datatype": "FP32", "shape": [1]}],
+            raw=[b"\0" * 4],
+        ),
+        "input 'max_tokens' must be one element of INT32/INT64/UINT32/UINT64",
+    ),
+    "stream false": (
+        _request(
+            model_name="stream-16",
+            inputs=[{"name": "stream", "datatype": "BOOL", "shape": [1]}],
+            raw=[b"\0"],
+        ),
+        "stream must be true",
     ),
     "the seed as text": (
         _request(model_name="stream-16", parameters={"seed": ("string_param", "x")}),

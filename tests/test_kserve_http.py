@@ -88,7 +88,7 @@ def test_metadata_as_tritonclient_reads_it(client: triton.InferenceServerClient)
     server = client.get_server_metadata()
     assert server["name"] == "inferwire"
     assert isinstance(server["version"], str)
-    assert server["extensions"] == ["binary_tensor_data"]
+    assert server["extensions"] == ["binary_tensor_data", "generate"]
     model = client.get_model_metadata("resnet_50", "1")
     assert model == {
         "name": "resnet_50",
@@ -276,7 +276,7 @@ def test_health_and_metadata_routes(transport: str) -> None:
     answers = _answers(transport, [("GET", path, b"", {}) for path in paths])
     assert [a.status_code for a in answers] == [200] * len(paths)
     assert [a.content for a in answers[:4]] == [b""] * 4  # the spec: "should be empty"
-    assert answers[4].json()["extensions"] == ["binary_tensor_data"]
+    assert answers[4].json()["extensions"] == ["binary_tensor_data", "generate"]
     assert answers[5].json() == answers[6].json()
     assert answers[5].json()["name"] == "m"
 
@@ -503,3 +503,43 @@ def test_bad_input_is_the_protocols_error_object_and_the_server_keeps_serving(
     assert words in error["error"]
     if status == 405 and transport == "http1":
         assert answer.headers["allow"] in ("GET", "POST")
+
+
+# -- Triton's generate extension ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["http1", "http2"])
+def test_generate_stream_sends_one_event_a_chunk(transport: str) -> None:
+    expected = list(
+        it.SimulatedService(token_stream_source).chunks(
+            it.GenerateRequest(workload="stream-16", seed=3, max_tokens=5)
+        )
+    )
+    request = {"id": "7", "text_input": "hello", "parameters": {"max_tokens": 5, "seed": 3}}
+    h2 = transport == "http2"
+    with server_thread(transport) as address, httpx.Client(http1=not h2, http2=h2) as http:
+        streamed = http.post(
+            f"http://{address}/v2/models/stream-16/generate_stream", json=request, timeout=BOUND_S
+        )
+        whole = http.post(
+            f"http://{address}/v2/models/stream-16/generate", json=request, timeout=BOUND_S
+        )
+        refused = http.post(
+            f"http://{address}/v2/models/stream-16/generate",
+            json={"text_input": 5},
+            timeout=BOUND_S,
+        )
+    assert streamed.status_code == 200
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    events = [
+        orjson.loads(line[len("data: ") :])
+        for line in streamed.text.split("\n\n")
+        if line.startswith("data: ")
+    ]
+    assert [e["text_output"] for e in events] == [c.text for c in expected]
+    assert [e["token_ids"] for e in events] == [list(c.token_ids) for c in expected]
+    assert events[-1]["finish_reason"] == "length"
+    assert {e["id"] for e in events} == {"7"}
+    assert whole.json()["text_output"] == "".join(c.text for c in expected)
+    assert refused.status_code == 400
+    assert "text_input" in refused.json()["error"]

@@ -31,8 +31,14 @@ EXTRAS: Final = {
     "uvicorn": ("uvicorn", "bench"),
     "starlette": ("starlette", "bench"),
     "hypercorn": ("hypercorn", "bench"),
+    "tokenizers": ("tokenizers", "tokenizer"),
 }
-INCLUDES: Final = {"bench": ("transports",), "transports": ("grpc",), "grpc": ()}
+INCLUDES: Final = {
+    "bench": ("transports",),
+    "transports": ("grpc",),
+    "grpc": (),
+    "tokenizer": (),
+}
 """Each extra installs the ones it names too (``inferwire[bench]`` is a superset)."""
 
 

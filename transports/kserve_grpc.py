@@ -11,9 +11,11 @@ decoupled_models.md), so ``tritonclient.grpc`` works unchanged.
 * each token-stream workload (``stream-256``, ...) is a *decoupled* model: ``ModelStreamInfer``
   answers a request with one ``ModelInferResponse`` per chunk, whose outputs are the chunk's
   ``text_output`` (BYTES ``[1]``, UTF-8), ``token_ids`` (UINT32 ``[n]``), ``seq`` (UINT64
-  ``[1]``) and ``finish_reason`` (BYTES ``[1]``, empty until the last chunk). The request takes
-  no inputs; its parameters ``seed``, ``max_tokens`` and ``prompt_tokens`` (integers) choose the
-  stream as :class:`~inferwire.transports.GenerateRequest` does. ``ModelInfer`` refuses it, as
+  ``[1]``) and ``finish_reason`` (BYTES ``[1]``, empty until the last chunk). Its parameters
+  ``seed``, ``max_tokens`` and ``prompt_tokens`` (integers) choose the stream as
+  :class:`~inferwire.transports.GenerateRequest` does; it takes the inputs Triton's LLM models
+  take, all optional: ``text_input`` (the prompt, which does not change the tokens), ``stream``
+  (true) and ``max_tokens`` (as the parameter). ``ModelInfer`` refuses it, as
   Triton refuses a decoupled model there.
 * any other name of 1 to 128 characters from ``[A-Za-z0-9_.-]`` is the echo model: input ``i``
   comes back as ``output_<i>`` (:meth:`SimulatedService.infer`), on ``ModelInfer`` or as the one
@@ -81,6 +83,13 @@ STREAM_OUTPUTS: Final = (
 )
 """The decoupled models' outputs: (name, datatype, shape), -1 for any size."""
 STREAM_PARAMETERS: Final = ("seed", "max_tokens", "prompt_tokens")
+LLM_INPUTS: Final = {
+    "text_input": ("BYTES",),
+    "stream": ("BOOL",),
+    "max_tokens": ("INT32", "INT64", "UINT32", "UINT64"),
+}
+"""The inputs a decoupled model reads, as Triton's LLM models name them (see
+:func:`_llm_inputs`)."""
 
 _MODEL_NAME: Final = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 M = TypeVar("M", bound=protobuf_message.Message)
@@ -164,6 +173,37 @@ def chunk_outputs(chunk: ic.TokenChunk) -> list[ic.Tensor]:
             data=_bytes_array((chunk.finish_reason or "").encode()),
         ),
     ]
+
+
+def _llm_inputs(request: kpb.ModelInferRequest, max_tokens: int | None) -> int | None:
+    """Read the inputs Triton's LLM models take (TensorRT-LLM's ensemble, the vLLM backend):
+    ``text_input`` (BYTES ``[1]``, the prompt: read, no effect on the tokens), ``stream``
+    (BOOL ``[1]``, must be true: the stream is the model) and ``max_tokens`` (an integer
+    ``[1]``, as the parameter of that name); returns the ``max_tokens`` in force."""
+    try:
+        inputs = {tensor.name: tensor for tensor in read_inputs(request)}
+    except ic.DecodeError as exc:
+        raise BadRequestError(str(exc)) from exc
+    unknown = sorted(set(inputs) - set(LLM_INPUTS))
+    if unknown:
+        raise BadRequestError(
+            f"model {request.model_name!r} takes the inputs {', '.join(LLM_INPUTS)}, "
+            f"not {', '.join(repr(name[:64]) for name in unknown[:4])}"
+        )
+    for name, tensor in inputs.items():
+        kinds = LLM_INPUTS[name]
+        if tensor.datatype not in kinds or int(np.prod(tensor.shape)) != 1:
+            raise BadRequestError(f"input {name!r} must be one element of {'/'.join(kinds)}")
+    stream = inputs.get("stream")
+    if stream is not None and not bool(np.asarray(stream.data).reshape(-1)[0]):
+        raise BadRequestError(f"model {request.model_name!r} is decoupled: stream must be true")
+    given = inputs.get("max_tokens")
+    if given is None:
+        return max_tokens
+    value = int(np.asarray(given.data).reshape(-1)[0])
+    if value < 1:
+        raise BadRequestError("max_tokens must be at least 1")
+    return value
 
 
 def _bytes_array(element: bytes) -> np.ndarray[Any, Any]:
@@ -314,12 +354,12 @@ class KServeGrpc:
 
     def _open(self, request: kpb.ModelInferRequest) -> tuple[TokenStream, frozenset[str]]:
         """The stream a decoupled model's request asks for, and the outputs to send."""
-        if request.inputs or request.raw_input_contents:
-            raise BadRequestError(f"model {request.model_name!r} takes no inputs")
         outputs = frozenset(_requested(request, [name for name, _, _ in STREAM_OUTPUTS]))
         seed, max_tokens, prompt_tokens = (
             _int_parameter(request.parameters, key) for key in STREAM_PARAMETERS
         )
+        if request.inputs or request.raw_input_contents:
+            max_tokens = _llm_inputs(request, max_tokens)
         generate = GenerateRequest(
             workload=request.model_name,
             seed=seed or 0,

@@ -14,6 +14,9 @@ GET      /v2                                         server metadata: name, vers
 GET      /v2/models/{m}[/versions/{v}]               model metadata
 GET      /v2/models/{m}[/versions/{v}]/ready         200, empty body
 POST     /v2/models/{m}[/versions/{v}]/infer         inference
+POST     /v2/models/{m}[/versions/{v}]/generate      Triton's generate extension: one JSON
+         .../generate_stream                         answer, or server-sent events
+                                                     (:mod:`.kserve_generate`)
 =======  ==========================================  ==========================================
 
 **The model.** The simulated service has one model, an echo (input ``i`` comes back as
@@ -51,6 +54,7 @@ import orjson
 import inferwire.codecs as ic
 from inferwire.codecs import kserve
 
+from . import kserve_generate
 from .errors import BadRequestError
 from .http_response import Response
 from .service import SimulatedService
@@ -58,7 +62,7 @@ from .service import SimulatedService
 SERVER_NAME: Final = "inferwire"
 MODEL_VERSION: Final = "1"
 PLATFORM: Final = "inferwire_echo"
-EXTENSIONS: Final = ("binary_tensor_data",)
+EXTENSIONS: Final = ("binary_tensor_data", "generate")
 HEADER_LENGTH: Final = "inference-header-content-length"
 
 _JSON: Final = "application/json"
@@ -66,7 +70,8 @@ _BINARY: Final = "application/octet-stream"
 _EMPTY: Final = "text/plain; charset=utf-8"
 _PROTOCOL_MEDIA: Final = frozenset({"", _JSON, _BINARY})
 _MODEL_PATH: Final = re.compile(
-    r"/v2/models/([A-Za-z0-9_.\-]{1,128})(?:/versions/([A-Za-z0-9_.\-]{1,64}))?(/ready|/infer)?"
+    r"/v2/models/([A-Za-z0-9_.\-]{1,128})(?:/versions/([A-Za-z0-9_.\-]{1,64}))?"
+    r"(/ready|/infer|/generate|/generate_stream)?"
 )
 _HEADER_LENGTH_VALUE: Final = re.compile(r"[0-9]{1,19}")
 _UNSERVED_OUTPUT_PARAMETERS: Final = {
@@ -192,6 +197,15 @@ class KServeHttp:
             )
         if action == "/infer":
             return _method(method, "POST") or self._infer(model, headers, body)
+        if action in ("/generate", "/generate_stream"):
+            return _method(method, "POST") or kserve_generate.generate(
+                self.service,
+                model,
+                MODEL_VERSION,
+                headers,
+                body,
+                stream=action == "/generate_stream",
+            )
         refused = _method(method, "GET")
         if refused is not None:
             return refused

@@ -80,12 +80,13 @@ from inferwire.bench.procs import server_process
 from inferwire.transports import arguments
 from inferwire.transports.arguments import CommandError
 
-from . import metrics
+from . import api_mode, metrics
 from .metrics import Slo
 from .openloop import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_DURATION_S,
     LoadSpec,
+    Target,
     event_loop_factory,
     finite_or_text,
     open_target,
@@ -144,14 +145,21 @@ async def _sweep(
     spec: LoadSpec,
     address: str,
     pid: int | None,
+    api: api_mode.ApiSweep | None = None,
     records: RecordWriter | None = None,
 ) -> list[dict[str, Any]]:
-    target = open_target(args.transport, address, args.codec)
-    expected = spec.expected_chunks()
+    if api is None:
+        target: Target = open_target(args.transport, address, args.codec)
+        expected = spec.expected_chunks()
+        first: Any = spec.request()
+    else:
+        target = await api.open()
+        expected = None
+        first = api.requests(1)[0]
     points: list[dict[str, Any]] = []
     try:
         try:
-            await warm_up(target, spec.request(), args.warmup)
+            await warm_up(target, first, args.warmup)
         except it.TransportError as exc:
             raise CommandError(f"the warm-up failed, nothing was measured: {exc}") from exc
         # what exists now is never garbage: keep the collector's passes short during the run
@@ -159,6 +167,7 @@ async def _sweep(
         gc.freeze()
         for rate in args.rate:
             for cap in args.concurrency:
+                requests = None if api is None else api.requests(len(spec.offsets_ns(rate)))
                 point = await run_point(
                     target,
                     spec,
@@ -170,6 +179,8 @@ async def _sweep(
                     on_record=None
                     if records is None
                     else records.sink(point=len(points), rate_rps=rate),
+                    request_for=None if requests is None else requests.__getitem__,
+                    checks=None if api is None else api.check_factory(),
                 )
                 print(summary_line(point), flush=True)
                 points.append(point)
@@ -199,6 +210,12 @@ def summary_line(point: dict[str, Any]) -> str:
     if point["goodput_rps"] is not None:
         parts.append(f"goodput {point['goodput_rps']:.1f} req/s,")
     parts.append(f"send lag p99 {ms('send_lag', 'p99')} ms;")
+    parse = point.get("client_parse", {})
+    if parse.get("count"):  # another API's stream: the client's own share of each gap
+        parts.append(f"client parse p50 {parse['p50_ms'] * 1000:.1f} us an event;")
+    counted = point.get("token_count", {})
+    if counted and set(counted) != {"token_ids"}:
+        parts.append("tokens counted by " + "/".join(sorted(counted)) + ";")
     parts.append(integrity_text(point["integrity"]))
     return " ".join(parts)
 
@@ -220,10 +237,24 @@ def _process_exists(pid: int) -> bool:
     return True
 
 
+def _check_target(args: argparse.Namespace) -> None:
+    """The ways to name a target: --transport with --address or --spawn (inferwire's own
+    protocol); --api with --url, or with --spawn and --transport (a public API)."""
+    if args.url is not None and args.api is None:
+        raise CommandError("--url needs --api: which API the server speaks")
+    if args.api is not None and args.address:
+        raise CommandError("--api goes with --url (any server) or --spawn, not --address")
+    if args.url is None and not args.address and not args.spawn:
+        raise CommandError("give --url URL --api API, --address HOST:PORT, or --spawn")
+    if args.transport is None and args.url is None:
+        raise CommandError("--address and --spawn need --transport")
+    if args.url is not None and (args.prefill_ms or args.decode_ms):
+        raise CommandError("--prefill-ms/--decode-ms set a --spawn'ed server")
+
+
 def _load(args: argparse.Namespace) -> int:
-    if args.spawn == bool(args.address):
-        raise CommandError("give either --address HOST:PORT or --spawn")
-    if not args.spawn and (args.prefill_ms or args.decode_ms):
+    _check_target(args)
+    if args.address and (args.prefill_ms or args.decode_ms):
         raise CommandError("--prefill-ms/--decode-ms set a --spawn'ed server")
     if args.spawn and args.server_pid is not None:
         raise CommandError("--server-pid is for --address; a --spawn'ed server's pid is known")
@@ -257,22 +288,31 @@ def _load(args: argparse.Namespace) -> int:
             spec.offsets_ns(rate)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-    precise = select_is_safe(args.transport, args.concurrency)
+    # one connection for http2 and grpc, else one per request in flight
+    sockets_transport = "grpc" if args.api == "kserve-v2-grpc" else (args.transport or "http1")
+    precise = select_is_safe(sockets_transport, args.concurrency)
     started = datetime.now(UTC).isoformat(timespec="seconds")
+    api: api_mode.ApiSweep | None = None
+    if args.url is not None:  # checked before anything starts
+        api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, args.url))
     with (
         _server(args) as (address, pid),
         asyncio.Runner(loop_factory=event_loop_factory(precise)) as runner,
         _records(args) as records,
     ):
-        points = runner.run(_sweep(args, spec, address, pid, records))
+        if args.api is not None and args.spawn:
+            url = api_mode.spawned_url(args.transport, address, args.api)
+            api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url))
+        points = runner.run(_sweep(args, spec, address, pid, api, records))
     if args.out is not None or args.html is not None:
         parameters = {
             "transport": args.transport,
-            "codec": args.codec,
-            "address": None if args.spawn else args.address,
+            "codec": args.codec if api is None else None,
+            "address": args.address,
             "spawned": args.spawn,
-            "prefill_ms": args.prefill_ms,
-            "decode_ms": args.decode_ms,
+            # a spawned server's pacing is known; another's is not, and is not invented
+            "prefill_ms": args.prefill_ms if args.spawn else None,
+            "decode_ms": args.decode_ms if args.spawn else None,
             "rates_rps": [finite_or_text(rate) for rate in args.rate],
             "concurrencies": args.concurrency,
             "warmup_requests": args.warmup,
@@ -280,6 +320,9 @@ def _load(args: argparse.Namespace) -> int:
             **{k: v for k, v in asdict(spec).items() if k != "slo"},
             "slo": asdict(spec.slo),
         }
+        if api is not None:
+            parameters["workload"] = None  # the prompts say what was asked
+            parameters["endpoint"] = api.parameters()
         report = {
             "kind": "inferwire-load",
             "started": started,
@@ -316,7 +359,7 @@ def add_commands(commands: arguments.Commands) -> None:
         description=DESCRIPTION,
     )
     load.add_argument(
-        "--transport", required=True, choices=it.TRANSPORTS, help="the server's protocol"
+        "--transport", choices=it.TRANSPORTS, help="the protocol of inferwire's own server"
     )
     load.add_argument("--codec", default="orjson", choices=ic.names(), help="the server's codec")
     where = load.add_mutually_exclusive_group()
@@ -324,6 +367,7 @@ def add_commands(commands: arguments.Commands) -> None:
         "--address", type=arguments.connect_address, help="HOST:PORT of a running server"
     )
     where.add_argument("--spawn", action="store_true", help="start `inferwire serve` for the run")
+    api_mode.add_api_arguments(load, where)
     load.add_argument(
         "--server-pid",
         type=arguments.positive_count,

@@ -244,6 +244,12 @@ class Recorder:
         self.e2e = Histogram()
         self.send_lag = Histogram()
         self.queue_wait = Histogram()
+        self.client_parse = Histogram()
+        """The client's time to parse each event of a stream of another API (not timed for
+        inferwire's own transports, whose decode the codec benchmarks measure)."""
+        self.token_sources: Counter[str] = Counter()
+        """How the completed streams' output tokens were counted: token_ids, usage,
+        tokenizer, chunks."""
         self.completed = 0
         self.good = 0
         self.output_tokens = 0
@@ -320,6 +326,7 @@ class Recorder:
             "e2e": self.e2e,
             "send_lag": self.send_lag,
             "queue_wait": self.queue_wait,
+            "client_parse": self.client_parse,
         }
 
     def flush(self) -> None:
@@ -343,6 +350,7 @@ class Recorder:
             "goodput_rps": self.good / duration_s if self.slo.any else None,
             "slo": asdict(self.slo),
             "max_in_flight": self.max_in_flight,
+            "token_count": dict(self.token_sources),
             "integrity": {
                 "verified": self.completed,
                 **{kind: self.integrity[kind] for kind, _ in INTEGRITY_KINDS},

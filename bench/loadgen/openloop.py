@@ -34,7 +34,7 @@ from inferwire.transports.common import DEFAULT_LIMITS, aiter_close
 from inferwire.workloads import token_stream_source
 
 from . import metrics
-from .metrics import Recorder, Slo
+from .metrics import Histogram, Recorder, Slo
 
 Arrival = Literal["poisson", "gamma"]
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
@@ -94,9 +94,46 @@ class Target(Protocol):
     """What the generator sends to: an :class:`~inferwire.transports.Client`, a pool of them,
     or anything else with the same ``generate``."""
 
-    def generate(self, request: it.GenerateRequest, /) -> AsyncIterator[ic.TokenChunk]: ...
+    def generate(self, request: Any, /) -> AsyncIterator[Any]: ...
 
     async def close(self) -> None: ...
+
+
+class StreamCheck(Protocol):
+    """Checks one stream as it arrives: :meth:`check` takes each item and returns the tokens
+    it carries; :meth:`finish`, after the last, raises if the stream is not whole and sets
+    ``output_tokens`` (which may differ from the sum of the counts: a server's usage) and
+    ``input_tokens``, and ``source`` says how the tokens were counted."""
+
+    output_tokens: int
+    input_tokens: int | None
+    source: str
+
+    def check(self, item: Any, /) -> int: ...
+
+    def finish(self, counted: int) -> None: ...
+
+
+class VerifiedStream:
+    """:class:`StreamCheck` for inferwire's own servers: the stream verifier's sequence, end
+    marker and, with ``expected``, content checks."""
+
+    __slots__ = ("check", "input_tokens", "output_tokens", "source", "verifier")
+
+    def __init__(self, expected: Sequence[ic.TokenChunk] | None = None) -> None:
+        self.verifier = StreamVerifier(expected)
+        self.check = self.verifier.check
+        self.output_tokens = 0
+        self.input_tokens: int | None = None
+        self.source = "token_ids"
+
+    def finish(self, counted: int) -> None:
+        self.verifier.finish()
+        self.output_tokens = counted
+
+
+CheckFactory = Callable[[Histogram], Callable[[], StreamCheck]]
+"""Given a point's histogram of client parse times, makes each request's check."""
 
 
 class ClientPool:
@@ -202,16 +239,16 @@ class _Run:
     def __init__(
         self,
         target: Target,
-        request: it.GenerateRequest,
+        request_for: Callable[[int], Any],
         recorder: Recorder,
         on_done: Callable[[], object] | None,
-        expected: Sequence[ic.TokenChunk] | None = None,
+        new_check: Callable[[], StreamCheck],
     ) -> None:
         self.target = target
-        self.request = request
+        self.request_for = request_for
         self.recorder = recorder
         self.on_done = on_done
-        self.expected = expected
+        self.new_check = new_check
         self.in_flight = 0
         self.start_ns = 0
         self.index_first = 0
@@ -230,10 +267,11 @@ class _Run:
         gaps_ns: list[int] = []  # recorded once the stream is whole: a failure has no ITL
         chunk_tokens: list[int] = []
         error: str | None = None
+        checker: StreamCheck | None = None
         try:
-            stream = self.target.generate(self.request)
-            verifier = StreamVerifier(self.expected)
-            check = verifier.check
+            stream = self.target.generate(self.request_for(index))
+            checker = self.new_check()
+            check = checker.check
             async for chunk in stream:
                 count = check(chunk)
                 if not count:
@@ -246,13 +284,14 @@ class _Run:
                     first_ns = arrived_ns
                 previous_ns = arrived_ns
                 tokens += count
-            verifier.finish()
+            checker.finish(tokens)
             done_ns = now_ns()
+            recorder.token_sources[checker.source] += 1
             recorder.completed_stream(
                 intended_ns=intended_ns,
                 first_token_ns=first_ns,
                 done_ns=done_ns,
-                output_tokens=tokens,
+                output_tokens=checker.output_tokens if tokens else 0,
                 gaps_ns=gaps_ns,
                 chunk_tokens=chunk_tokens,
             )
@@ -266,6 +305,8 @@ class _Run:
             self.in_flight -= 1
             if self.on_done is not None:
                 self.on_done()
+        if error is None and checker is not None and tokens:
+            tokens = checker.output_tokens
         recorder.add_record(
             metrics.RequestRecord(
                 index=index,
@@ -279,7 +320,7 @@ class _Run:
                 chunks=len(gaps_ns) + (1 if tokens else 0),
                 tpot_ms=(done_ns - first_ns) / (tokens - 1) / 1e6 if tokens > 1 else None,
                 itl_max_ms=max(gaps_ns) / 1e6 if gaps_ns else None,
-                input_tokens=None,
+                input_tokens=checker.input_tokens if checker is not None else None,
             )
         )
 
@@ -332,11 +373,16 @@ async def run_point(
     progress: bool = False,
     expected: Sequence[ic.TokenChunk] | None = None,
     on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
+    request_for: Callable[[int], Any] | None = None,
+    checks: CheckFactory | None = None,
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
     Every stream is verified (see the module docstring); ``expected``: the chunks each should
-    carry (e.g. :meth:`LoadSpec.expected_chunks`), to catch altered content too."""
+    carry (e.g. :meth:`LoadSpec.expected_chunks`), to catch altered content too. For a target
+    of another API (:mod:`.endpoints`): ``request_for`` gives the request of each index of
+    the schedule (default: ``spec.request()`` for all), ``checks`` the checks of its streams
+    (default: :class:`VerifiedStream`)."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
     offsets_ns, index_first, index_step = spec.part_of(spec.offsets_ns(rate_rps))
@@ -351,7 +397,13 @@ async def run_point(
         disable=not progress,
         leave=False,
     ) as bar:
-        run = _Run(target, spec.request(), recorder, bar.update if progress else None, expected)
+        if request_for is None:
+            same = spec.request()
+            request_for = lambda _: same  # noqa: E731
+        new_check = (
+            (lambda: VerifiedStream(expected)) if checks is None else checks(recorder.client_parse)
+        )
+        run = _Run(target, request_for, recorder, bar.update if progress else None, new_check)
         run.index_first, run.index_step = index_first, index_step
         cpu.start()
         start_ns = now_ns() + 1_000_000  # a millisecond to get the scheduler going
@@ -401,7 +453,7 @@ def finite_or_text(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
-async def warm_up(target: Target, request: it.GenerateRequest, requests: int) -> None:
+async def warm_up(target: Target, request: Any, requests: int) -> None:
     """Open connections and fill the server's caches before anything is timed; raises the
     first failure."""
     outcomes = await asyncio.gather(
@@ -412,7 +464,7 @@ async def warm_up(target: Target, request: it.GenerateRequest, requests: int) ->
             raise outcome
 
 
-async def _drain(chunks: AsyncIterator[ic.TokenChunk]) -> None:
+async def _drain(chunks: AsyncIterator[Any]) -> None:
     async for _ in chunks:
         pass
 

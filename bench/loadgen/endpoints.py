@@ -1,0 +1,228 @@
+"""Targets of any server for ``inferwire load --url URL --api API``: one request per prompt, its
+stream read as the API defines it (:mod:`.api_streams`) and yielded as :class:`ApiChunk`s.
+
+=====================  =====================================================================
+API                    request
+=====================  =====================================================================
+openai-chat            ``POST {url}/v1/chat/completions``: ``model``, one user message,
+                       ``max_tokens``, ``stream``, ``stream_options: {"include_usage": true}``
+openai-completions     ``POST {url}/v1/completions``: the same with ``prompt``
+kserve-v2-http         ``POST {url}/v2/models/{model}/generate_stream``: Triton's generate
+                       extension, ``text_input`` and ``parameters: {"max_tokens", "stream"}``
+kserve-v2-grpc         ``inference.GRPCInferenceService/ModelStreamInfer``: inputs
+                       ``text_input`` (BYTES), ``stream`` (BOOL) and ``max_tokens`` (INT32),
+                       as TensorRT-LLM's and the vLLM backend's Triton models take them, and
+                       ``triton_enable_empty_final_response`` so the end is marked
+=====================  =====================================================================
+
+The extra body fields the user gives (``--extra-body``, e.g. ``{"ignore_eos": true}``) are
+merged into the JSON body, or into ``parameters`` (KServe). The URL is the server's root
+(``http://host:8000``), its path a prefix of every route. ``describe()`` asks the server what
+it serves (``/v1/models``, ``/v2`` and the model's metadata), for the report: the target's own
+parameters, never ones assumed.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+from urllib.parse import urlsplit
+
+import orjson
+
+from inferwire.transports import ProtocolError
+
+from . import api_streams
+from .api_streams import DONE, ApiChunk
+from .http_stream import HttpPool, Origin
+from .sse import SseReader
+
+APIS: Final = ("openai-chat", "openai-completions", "kserve-v2-http", "kserve-v2-grpc")
+MAX_BODY_BYTES: Final = 64 << 20
+
+
+class PromptLike(Protocol):
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def max_tokens(self) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Endpoint:
+    url: str
+    api: str
+    model: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    ca_cert: str | None = None
+    insecure: bool = False
+    """Skip the server certificate's verification (a self-signed test server)."""
+    max_tokens: int | None = None
+    """For every request whose prompt names none."""
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    max_connections: int = 1024
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise ValueError(f"--api must be one of {', '.join(APIS)}")
+        if self.api.startswith("kserve") and not self.model:
+            raise ValueError(f"--api {self.api} needs --model: KServe names the model in the call")
+        if self.api == "kserve-v2-grpc":
+            parts = urlsplit(self.url)
+            if parts.scheme not in ("grpc", "grpcs", "http", "https") or not parts.hostname:
+                raise ValueError(f"{self.url!r}: give grpc://host:port or grpcs://host:port")
+        else:
+            Origin.parse(self.url)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca_cert)
+        if self.insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+
+class ApiTarget(Protocol):
+    endpoint: Endpoint
+    needs_finish: bool
+
+    def generate(self, prompt: PromptLike, /) -> AsyncIterator[ApiChunk]: ...
+
+    async def describe(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+class _HttpTarget:
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        origin = Origin.parse(endpoint.url)
+        self.pool = HttpPool(
+            origin,
+            headers=endpoint.headers,
+            ssl_context=endpoint.ssl_context() if origin.scheme == "https" else None,
+            max_connections=endpoint.max_connections,
+            timeout_s=endpoint.timeout_s,
+        )
+        self.model = endpoint.model
+
+    async def _get_json(self, path: str) -> Any:
+        response = await self.pool.request("GET", path)
+        if response.status != 200:
+            raise await response.fail()
+        try:
+            return orjson.loads(await response.read(MAX_BODY_BYTES))
+        except orjson.JSONDecodeError as exc:
+            raise ProtocolError(f"GET {path}: not JSON: {exc}") from None
+
+    async def _events(
+        self, path: str, body: dict[str, Any], parse: Any, *, marked_end: bool
+    ) -> AsyncIterator[ApiChunk]:
+        response = await self.pool.request("POST", path, orjson.dumps(body))
+        if response.status != 200:
+            raise await response.fail()
+        reader = SseReader()
+        async for data in response.body():
+            for event in reader.feed(data):
+                if event.event == "error":
+                    raise api_streams.ServerStreamError(
+                        f"the server sent an error event: {event.data[:300]!r}"
+                    )
+                yield parse(event.data)
+        if not marked_end and response.complete and not reader.pending:
+            yield DONE  # the generate extension's end: the body's own
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+class OpenAITarget(_HttpTarget):
+    needs_finish = True
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        super().__init__(endpoint)
+        self.chat = endpoint.api == "openai-chat"
+        self.path = "/v1/chat/completions" if self.chat else "/v1/completions"
+
+    async def describe(self) -> dict[str, Any]:
+        """``/v1/models``; with no ``--model``, the first model listed becomes the one used."""
+        listing = await self._get_json("/v1/models")
+        data = listing.get("data") if isinstance(listing, dict) else None
+        models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        if self.model is None:
+            if not models or not isinstance(models[0].get("id"), str):
+                raise ProtocolError("/v1/models lists no model: name one with --model")
+            self.model = models[0]["id"]
+        return {"api": self.endpoint.api, "model": self.model, "models": models[:20]}
+
+    def generate(self, prompt: PromptLike, /) -> AsyncIterator[ApiChunk]:
+        body: dict[str, Any] = {"model": self.model}
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": prompt.text}]
+        else:
+            body["prompt"] = prompt.text
+        max_tokens = prompt.max_tokens or self.endpoint.max_tokens
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        body.update(self.endpoint.extra_body)
+        chat = self.chat
+        return self._events(
+            self.path, body, lambda data: api_streams.openai_chunk(data, chat=chat), marked_end=True
+        )
+
+
+class GenerateTarget(_HttpTarget):
+    needs_finish = False
+
+    async def describe(self) -> dict[str, Any]:
+        server = await self._get_json("/v2")
+        model = await self._get_json(f"/v2/models/{self.model}")
+        return {"api": self.endpoint.api, "model": self.model, "server": server, "metadata": model}
+
+    def generate(self, prompt: PromptLike, /) -> AsyncIterator[ApiChunk]:
+        parameters: dict[str, Any] = {"stream": True}
+        max_tokens = prompt.max_tokens or self.endpoint.max_tokens
+        if max_tokens is not None:
+            parameters["max_tokens"] = max_tokens
+        parameters.update(self.endpoint.extra_body)
+        body = {"text_input": prompt.text, "parameters": parameters}
+        return self._events(
+            f"/v2/models/{self.model}/generate_stream",
+            body,
+            api_streams.generate_chunk,
+            marked_end=False,
+        )
+
+
+def open_api_target(endpoint: Endpoint) -> ApiTarget:
+    if endpoint.api.startswith("openai"):
+        return OpenAITarget(endpoint)
+    if endpoint.api == "kserve-v2-http":
+        return GenerateTarget(endpoint)
+    from .kserve_grpc_target import KServeGrpcTarget  # grpcio only when used
+
+    return KServeGrpcTarget(endpoint)
+
+
+def parse_headers(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """``Name: value`` strings as header pairs; raises ValueError for one that is not."""
+    out = []
+    for value in values:
+        name, colon, rest = value.partition(":")
+        name = name.strip().lower()
+        if not colon or not name or any(c in name for c in " \t\r\n") or "\n" in rest:
+            raise ValueError(f"--header {value!r}: give 'Name: value'")
+        out.append((name, rest.strip()))
+    return tuple(out)
+
+
+def redacted(headers: Sequence[tuple[str, str]]) -> list[list[str]]:
+    """Headers for the report, credentials hidden."""
+    secret = {"authorization", "api-key", "x-api-key", "proxy-authorization", "cookie"}
+    return [[name, "(redacted)" if name in secret else value] for name, value in headers]
