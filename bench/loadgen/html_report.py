@@ -62,14 +62,15 @@ def render(report: dict[str, Any]) -> str:
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{_esc(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>{_esc(title)}</h1>",
-        '<p class="note">Latencies are timed from each request\'s intended send time; '
-        "definitions: <code>python -m pydoc inferwire.bench.loadgen.load_command</code>. "
-        "A value the report does not hold is shown as -.</p>",
+        '<p class="note">Latencies are timed from each request\'s intended send time '
+        "(definitions: <code>python -m pydoc inferwire.bench.loadgen.load_command</code>); "
+        "a value the report does not hold shows as -.</p>",
         '<div class="meta">',
         _key_values("Parameters", report.get("parameters")),
+        "<div>",
         _key_values("Machine", report.get("machine")),
         _key_values("Versions", report.get("versions")),
-        "</div>",
+        "</div></div>",
         "<h2>Points</h2>",
         _points_table(points) if points else "<p>No points.</p>",
     ]
@@ -278,6 +279,7 @@ def _cdf_svg(point: dict[str, Any]) -> str:
         ax.grid(True, which="major", color="#dddddd", linewidth=0.6)
         if not cdf:
             _no_data(ax)
+            ax.set_xticks([])  # no range of values to mark
             continue
         values_ms = [max(v, 1e-3) for v, _ in cdf]  # a log axis has no 0
         fractions = [f for _, f in cdf]
