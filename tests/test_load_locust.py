@@ -111,6 +111,32 @@ def test_a_part_sends_its_share_under_the_whole_schedules_indices() -> None:
     assert [r.intended_s for r in merged] == pytest.approx([r.intended_s for r in whole])
 
 
+class AskedTarget(NullTarget):
+    """Keeps the requests it was asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+
+    async def generate(self, request: Any, /) -> AsyncIterator[ic.TokenChunk]:
+        self.asked.append(request)
+        yield _TOKEN
+
+
+def test_a_part_asks_for_the_requests_of_its_indices() -> None:
+    """With a request per index (prompts), a part sends request i of the whole schedule."""
+    targets = [AskedTarget() for _ in range(3)]
+
+    async def go() -> None:
+        start = time.time() + 0.05
+        for index, target in enumerate(targets):
+            spec = openloop.LoadSpec(requests=30, seed=2, part=(index, 3), start_at_unix_s=start)
+            await openloop.run_point(target, spec, rate_rps=5_000.0, request_for=lambda i: i)
+
+    asyncio.run(go())
+    for index, target in enumerate(targets):
+        assert sorted(target.asked) == list(range(index, 30, 3))
+
+
 @pytest.mark.parametrize("part", [(2, 2), (-1, 2), (0, 0)])
 def test_a_part_out_of_range_is_refused(part: tuple[int, int]) -> None:
     with pytest.raises(ValueError, match="0 <= I < N"):
