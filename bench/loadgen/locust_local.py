@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from inferwire.transports import extras
+
 LOCUSTFILE: Final = Path(__file__).with_name("locust_user.py")
 STOP_WAIT_S: Final = 20.0
 
@@ -58,7 +60,9 @@ def run_local(
 ) -> LocalRun:
     """Runs ``inferwire load`` ``load`` (its arguments, as ``--inferwire-load`` takes them)
     split across ``workers`` Locust workers, headless, and waits for the master to end;
-    raises ``TimeoutError`` if it has not after ``timeout_s``."""
+    raises ``TimeoutError`` if it has not after ``timeout_s``, and ``MissingExtraError``
+    without Locust."""
+    extras.require("locust", "a split run on Locust")
     folder.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     with _groups() as started:
