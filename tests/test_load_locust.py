@@ -228,7 +228,13 @@ def test_merged_parts_are_the_whole_point() -> None:
     )
     merged = hdr_merge.merge_points(parts)
     assert set(merged) == set(whole)
-    for key in ("requests_scheduled", "requests_completed", "output_tokens", "errors"):
+    for key in (
+        "requests_scheduled",
+        "requests_completed",
+        "output_tokens",
+        "errors",
+        "token_count",
+    ):
         assert merged[key] == whole[key], key
     assert merged["offered_rate_rps"] == pytest.approx(whole["offered_rate_rps"])
     for name in ("ttft", "e2e", "send_lag", "queue_wait"):
@@ -236,6 +242,7 @@ def test_merged_parts_are_the_whole_point() -> None:
         assert merged[name]["count"] == sum(p[name]["count"] for p in parts)
     assert merged["duration_s"] == max(p["duration_s"] for p in parts)
     assert merged["integrity"]["verified"] == 300
+    assert sum(merged["token_count"].values()) == 300  # each part counted its own
     timeline = merged["timeline"]
     assert sum(timeline["completed"]) == 300
     assert sum(timeline["tokens"]) == merged["output_tokens"]
@@ -246,6 +253,9 @@ def test_merged_parts_are_the_whole_point() -> None:
         hdr_merge.merge_points([parts[0], parts[0]])
     with pytest.raises(hdr_merge.MergeError, match="without its part"):
         hdr_merge.merge_points([whole])
+    unknown = [{**p, "note": p["part"]["index"], "same": "x"} for p in parts]
+    assert hdr_merge.merge_points(unknown)["note"] == [0, 1]  # in part order, not guessed
+    assert hdr_merge.merge_points(unknown)["same"] == "x"
 
 
 @pytest.mark.parametrize(
@@ -345,6 +355,8 @@ def test_a_master_and_two_workers_send_the_whole_schedule(tmp_path: Path) -> Non
     for name in ("ttft", "tpot", "itl_per_token", "itl_per_chunk", "e2e", "send_lag"):
         assert point[name]["count"] == sum(p[name]["count"] for p in parts), name
     assert point["ttft"]["count"] == scheduled
+    assert sum(point["token_count"].values()) == scheduled
+    assert f"{scheduled}/{scheduled} ok" in run.log()  # the master's summary line
     assert "<svg" in html_report.render(report)  # the merged report draws as a single one
     # Locust's own statistics saw every request, from the records the parts streamed
     rows = _locust_rows(tmp_path / "locust_stats.csv")

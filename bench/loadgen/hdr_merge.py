@@ -20,8 +20,9 @@ schedule, with the same keys:
   parts' smallest and largest) and the timeline says so (``"percentiles": "upper bound"``).
   Parts whose buckets differ in width give no timeline (``None``).
 
-A key this module does not know is kept when every part has the same value, and otherwise
-becomes the list of the parts' values (in part order), never a guess.
+A key this module does not know whose values are counts by name (a mapping to integers, e.g.
+``token_count``) is summed name by name; any other is kept when every part has the same value,
+and otherwise becomes the list of the parts' values (in part order), never a guess.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def merge_points(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             merged[key] = sum(v for v in values if v is not None)
         elif key in DERIVED or key in histograms:
             merged[key] = None  # filled below, in the parts' key order
+        elif all(_is_counts(v) for v in values):  # equal or not: each part counted its own
+            merged[key] = dict(_summed_counters(v for v in values if v is not None))
         elif all(v == values[0] for v in values):
             merged[key] = values[0]
         else:
@@ -195,6 +198,12 @@ def _offered_rate_rps(ordered: Sequence[Mapping[str, Any]], scheduled: int) -> f
     lasts = [p["part"]["last_offset_s"] for p in ordered if p["part"]["last_offset_s"] is not None]
     span_s = max(lasts) - min(firsts) if firsts else 0.0
     return (scheduled - 1) / span_s if span_s > 0 else None
+
+
+def _is_counts(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(
+        isinstance(n, int) and not isinstance(n, bool) for n in value.values()
+    )
 
 
 def _summed_counters(counters: Iterable[Mapping[str, int]]) -> Counter[str]:

@@ -170,33 +170,41 @@ class _Master:
         runner = environment.runner
         assert options is not None
         assert runner is not None
-        failed = {part: r["error"] for part, r in self.results.items() if r.get("error")}
-        if failed:
-            for part, error in sorted(failed.items()):
-                logger.error("inferwire: part %d/%d failed: %s", part, self.parts, error)
+        try:
+            self._report(environment, options)
+        except Exception:  # the run must still end, and say it failed
+            logger.exception("inferwire: the report failed")
             environment.process_exit_code = 2
-        else:
-            try:
-                report = hdr_merge.merge_reports(
-                    [r["report"] for r in self.results.values()],
-                    runner={"kind": "locust", "workers": self.parts, "locust": locust.__version__},
-                )
-            except hdr_merge.MergeError as exc:
-                logger.error("inferwire: the parts do not merge: %s", exc)
-                environment.process_exit_code = 2
+        finally:
+            self.parts = 0
+            if options.headless:
+                runner.quit()
             else:
-                for point in report["points"]:
-                    logger.info("inferwire: %s", load_command.summary_line(point))
-                if options.inferwire_out:
-                    out = Path(options.inferwire_out)
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
-                    logger.info("inferwire: wrote %s", out)
-        self.parts = 0
-        if options.headless:
-            runner.quit()
-        else:
-            runner.stop()
+                runner.stop()
+
+    def _report(self, environment: Environment, options: Any) -> None:
+        failed = {part: r["error"] for part, r in self.results.items() if r.get("error")}
+        for part, error in sorted(failed.items()):
+            logger.error("inferwire: part %d/%d failed: %s", part, self.parts, error)
+        if failed:
+            environment.process_exit_code = 2
+            return
+        try:
+            report = hdr_merge.merge_reports(
+                [r["report"] for r in self.results.values()],
+                runner={"kind": "locust", "workers": self.parts, "locust": locust.__version__},
+            )
+        except hdr_merge.MergeError as exc:
+            logger.error("inferwire: the parts do not merge: %s", exc)
+            environment.process_exit_code = 2
+            return
+        if options.inferwire_out:
+            out = Path(options.inferwire_out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+            logger.info("inferwire: wrote %s", out)
+        for point in report["points"]:
+            logger.info("inferwire: %s", load_command.summary_line(point))
 
     @staticmethod
     def _fail(environment: Environment, message: str) -> None:
