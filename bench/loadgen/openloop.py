@@ -372,9 +372,9 @@ async def run_point(
     server_pid: int | None = None,
     progress: bool = False,
     expected: Sequence[ic.TokenChunk] | None = None,
-    on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
     request_for: Callable[[int], Any] | None = None,
     checks: CheckFactory | None = None,
+    on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
