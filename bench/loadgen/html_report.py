@@ -28,7 +28,12 @@ CDF_PLOTS: Final = (
     ("itl_per_token", "ITL per token"),
     ("e2e", "E2E latency"),
 )
-LATENCY_ROWS: Final = (*CDF_PLOTS, ("send_lag", "send lag"))
+LATENCY_ROWS: Final = (
+    *CDF_PLOTS,
+    ("send_lag", "send lag"),
+    ("queue_wait", "queue wait"),
+    ("client_parse", "client parse time an event"),
+)
 PERCENTILE_COLUMNS: Final = ("p50", "p90", "p99")
 _RC: Final[dict[str, Any]] = {
     "svg.fonttype": "none",  # text stays text: smaller, and the page's font draws it
@@ -45,7 +50,8 @@ table { border-collapse: collapse; margin: 0.4em 0; }
 td, th { padding: 2px 8px; border-bottom: 1px solid #e4e4e4; text-align: right; }
 th { background: #f4f4f4; } td.name, th.name { text-align: left; }
 tr.group td { background: #fafafa; font-weight: 600; text-align: left; }
-.kv td { text-align: left; } .kv td:first-child { color: #555; }
+.kv td { text-align: left; max-width: 30em; overflow-wrap: anywhere; }
+.kv td:first-child { color: #555; }
 .meta { display: flex; gap: 2em; flex-wrap: wrap; align-items: flex-start; }
 figure { margin: 0.5em 0; } figcaption { color: #555; font-size: 0.9em; }
 .note { color: #666; font-size: 0.9em; } .bad { color: #b00020; }
@@ -129,10 +135,10 @@ def _key_values(title: str, values: Any) -> str:
 def _plain(value: Any) -> str:
     if value is None:
         return MISSING
-    if isinstance(value, dict):
-        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items()) or MISSING
+    if isinstance(value, dict):  # empty: present, and empty
+        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items()) or "none"
     if isinstance(value, list):
-        return ", ".join(_plain(v) for v in value) or MISSING
+        return ", ".join(_plain(v) for v in value) or "none"
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
@@ -156,6 +162,7 @@ def _rows() -> list[Row | str]:
         ("completed", "requests_completed", lambda p: _number(p.get("requests_completed"))),
         ("failed", "requests_failed", lambda p: _number(p.get("requests_failed"))),
         ("errors", "errors", _errors),
+        ("output tokens counted by", "token_count", _token_count),
     ]
     for name, label in LATENCY_ROWS:
         rows.append(f"{label}, ms")
@@ -218,6 +225,14 @@ def _errors(point: dict[str, Any]) -> str:
     if not isinstance(errors, dict):
         return MISSING
     return ", ".join(f"{n} {name}" for name, n in errors.items()) or "none"
+
+
+def _token_count(point: dict[str, Any]) -> str:
+    """How the output tokens were counted, by how many requests (usage, tokenizer, chunks)."""
+    counted = point.get("token_count")
+    if not isinstance(counted, dict) or not counted:
+        return MISSING
+    return ", ".join(f"{how} {n}" for how, n in counted.items())
 
 
 def _violations(point: dict[str, Any]) -> str:

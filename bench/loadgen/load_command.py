@@ -155,6 +155,7 @@ async def _sweep(
     else:
         target = await api.open()
         expected = None
+        api.requests(max(len(spec.offsets_ns(rate)) for rate in args.rate))  # drawn up front
         first = api.requests(1)[0]
     points: list[dict[str, Any]] = []
     try:
@@ -176,11 +177,11 @@ async def _sweep(
                     server_pid=pid,
                     progress=not args.quiet and sys.stderr.isatty(),
                     expected=expected,
+                    request_for=None if requests is None else requests.__getitem__,
+                    checks=None if api is None else api.check_factory(),
                     on_record=None
                     if records is None
                     else records.sink(point=len(points), rate_rps=rate),
-                    request_for=None if requests is None else requests.__getitem__,
-                    checks=None if api is None else api.check_factory(),
                 )
                 print(summary_line(point), flush=True)
                 points.append(point)

@@ -15,10 +15,10 @@ the report), so ``tokens`` sums to the point's ``output_tokens`` and ``completed
 ``requests_completed``. Percentiles are exact (nearest rank, from the nanosecond values), None
 in a bucket with nothing to take them of.
 
-The recording keeps the streams' lists of gaps and copies them into typed arrays in bulk; the
-arrival time of each chunk, ``first_token_ns + cumsum(gaps)``, is computed with numpy when the
-summary is asked for. The cost is memory, 16 bytes a token-carrying chunk, for the point's
-length.
+The recording only appends to typed arrays (about 0.1-0.2 us a token, measured on a busy
+2-core machine); the arrival time of each chunk, ``first_token_ns + cumsum(gaps)``, is
+computed with numpy when the summary is asked for. The cost is memory, 16 bytes a
+token-carrying chunk, for the point's length.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import numpy as np
 BUCKET_S: Final = 1.0
 MIN_BUCKETS: Final = 20
 MAX_BUCKETS: Final = 200
-_COPY_AT: Final = 1 << 16
 ROUND_WIDTHS_S: Final = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0,
     60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
@@ -64,8 +63,6 @@ class Timeline:
         "_gap_counts",
         "_gaps_ns",
         "_intended_ns",
-        "_pending",
-        "_pending_chunks",
         "_tokens",
     )
 
@@ -78,9 +75,6 @@ class Timeline:
         self._gaps_ns = array("q")
         self._chunk_tokens = array("q")
         self._failed_ns = array("q")
-        # the streams' own lists, copied in bulk: array.fromlist is half array.extend's cost
-        self._pending: list[tuple[Sequence[int], Sequence[int]]] = []
-        self._pending_chunks = 0
 
     def completed(
         self,
@@ -98,27 +92,17 @@ class Timeline:
         self._done_ns.append(done_ns)
         self._tokens.append(output_tokens)
         self._gap_counts.append(len(gaps_ns))
-        if gaps_ns:
-            self._pending.append((gaps_ns, chunk_tokens))
-            self._pending_chunks += len(gaps_ns)
-            if self._pending_chunks >= _COPY_AT:
-                self._copy_pending()
-
-    def _copy_pending(self) -> None:
-        for gaps_ns, chunk_tokens in self._pending:
-            self._gaps_ns.fromlist(gaps_ns if isinstance(gaps_ns, list) else list(gaps_ns))
-            self._chunk_tokens.fromlist(
-                chunk_tokens if isinstance(chunk_tokens, list) else list(chunk_tokens)
-            )
-        self._pending = []
-        self._pending_chunks = 0
+        # fromlist: half the cost of extend; per request, so no pause to copy a backlog
+        self._gaps_ns.fromlist(gaps_ns if isinstance(gaps_ns, list) else list(gaps_ns))
+        self._chunk_tokens.fromlist(
+            chunk_tokens if isinstance(chunk_tokens, list) else list(chunk_tokens)
+        )
 
     def failed(self, done_ns: int) -> None:
         self._failed_ns.append(done_ns)
 
     def summary(self, start_ns: int) -> dict[str, Any]:
         """The buckets after ``start_ns`` (the point's first intended send time)."""
-        self._copy_pending()
         intended = np.frombuffer(self._intended_ns, np.int64) - start_ns
         first = np.frombuffer(self._first_ns, np.int64) - start_ns
         done = np.frombuffer(self._done_ns, np.int64) - start_ns
