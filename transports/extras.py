@@ -32,12 +32,14 @@ EXTRAS: Final = {
     "starlette": ("starlette", "bench"),
     "hypercorn": ("hypercorn", "bench"),
     "tokenizers": ("tokenizers", "tokenizer"),
+    "locust": ("locust", "locust"),
 }
 INCLUDES: Final = {
     "bench": ("transports",),
     "transports": ("grpc",),
     "grpc": (),
     "tokenizer": (),
+    "locust": ("bench",),
 }
 """Each extra installs the ones it names too (``inferwire[bench]`` is a superset)."""
 

@@ -133,6 +133,17 @@ def _caps(text: str) -> list[int]:
     return caps
 
 
+def _part(text: str) -> tuple[int, int]:
+    index, slash, parts = text.partition("/")
+    try:
+        part = (int(index), int(parts))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a part I/N: {text!r}") from None
+    if not slash or not 0 <= part[0] < part[1]:
+        raise argparse.ArgumentTypeError(f"part {text!r}: give I/N with 0 <= I < N")
+    return part
+
+
 @contextlib.contextmanager
 def _server(args: argparse.Namespace) -> Iterator[tuple[str, int | None]]:
     """The address and, when known, the pid of the server to load."""
@@ -345,7 +356,11 @@ def _load(args: argparse.Namespace) -> int:
         warmup_s=args.warmup_s,
         cooldown_s=args.cooldown_s,
         max_in_flight=args.max_in_flight or None,
+        part=args.part,
+        start_at_unix_s=args.start_at,
     )
+    if args.start_at is not None and len(args.rate) * len(args.concurrency) > 1:
+        raise CommandError("--start-at starts one point: give one --rate and --concurrency")
     for rate in args.rate:  # a bad combination fails now, not after the first points
         try:
             spec.window(spec.offsets_ns(rate))
@@ -579,6 +594,19 @@ def add_commands(commands: arguments.Commands) -> None:
     )
     load.add_argument("--out", type=Path, help="write the JSON report to this file")
     load.add_argument("--quiet", action="store_true", help="no progress bar")
+    # a share of one schedule, for a run split across processes (loadgen/locust_user.py)
+    load.add_argument(
+        "--part",
+        type=_part,
+        metavar="I/N",
+        help="send only requests I, I+N, I+2N, ... of the schedule (0 <= I < N)",
+    )
+    load.add_argument(
+        "--start-at",
+        type=arguments.positive,
+        metavar="UNIX_TIME",
+        help="start the schedule at this wall-clock time (one point only; default: now)",
+    )
     load.set_defaults(run=_load)
     _add_output_commands(commands, load)
 

@@ -16,7 +16,7 @@ import sys
 import time
 from array import array
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -112,6 +112,43 @@ class Histogram:
     def count(self) -> int:
         self.flush()
         return int(self._hdr.get_total_count())
+
+    def encode(self) -> dict[str, Any]:
+        """The histogram as JSON values: HdrHistogram's own encoding (compressed, base64; any
+        HdrHistogram library reads it) and the exact sum and max kept beside it."""
+        self.flush()
+        return {
+            "hdr": self._hdr.encode().decode("ascii"),
+            "sum_ns": self._sum_ns,
+            "max_ns": self._max_ns,
+            "spread": self._spread,
+        }
+
+    @classmethod
+    def decode(cls, encoded: Mapping[str, Any]) -> Histogram:
+        """The histogram :meth:`encode` gave; raises ``ValueError`` for anything else."""
+        try:
+            hdr = HdrHistogram.decode(str(encoded["hdr"]).encode("ascii"))
+            sum_ns, max_ns = int(encoded["sum_ns"]), int(encoded["max_ns"])
+            spread = bool(encoded["spread"])
+        except Exception as exc:  # hdrh raises anything from zlib.error to struct.error
+            raise ValueError(f"not an encoded histogram: {exc}") from exc
+        if (hdr.lowest_trackable_value, hdr.highest_trackable_value) != (1, HIGHEST_US) or (
+            hdr.significant_figures != SIGNIFICANT_DIGITS
+        ):
+            raise ValueError("an encoded histogram of another range or precision")
+        histogram = cls(spread=spread)
+        histogram._hdr = hdr
+        histogram._sum_ns, histogram._max_ns = sum_ns, max_ns
+        return histogram
+
+    def add(self, other: Histogram) -> None:
+        """Count ``other``'s values here too (merging the histograms of several processes)."""
+        self.flush()
+        other.flush()
+        self._hdr.add(other._hdr)
+        self._sum_ns += other._sum_ns
+        self._max_ns = max(self._max_ns, other._max_ns)
 
     def summary_ms(self) -> dict[str, Any]:
         """``count``, then P50/P90/P99/P99.9, mean and max in milliseconds (None when empty),

@@ -164,6 +164,26 @@ class LoadSpec:
     max_in_flight: int | None = DEFAULT_MAX_IN_FLIGHT
     """Uncapped runs: a request due while this many are in flight waits (``None``: no bound).
     A concurrency cap is its own bound."""
+    part: tuple[int, int] | None = None
+    """``(i, n)``: run only requests i, i + n, i + 2n, ... of the schedule, which is drawn whole
+    from the seed, so n parts in n processes together send exactly the one schedule."""
+    start_at_unix_s: float | None = None
+    """The schedule's start as a UNIX time (one point only), shared by the parts of a
+    split run so that they interleave as the one schedule would; ``None``: start now."""
+
+    def __post_init__(self) -> None:
+        if self.part is not None:
+            index, parts = self.part
+            if not 0 <= index < parts:
+                raise ValueError(f"part {index}/{parts}: needs 0 <= I < N")
+
+    def part_of(self, offsets_ns: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """This part's offsets of a whole schedule, with the schedule index of its first
+        request and the step between its indices."""
+        if self.part is None:
+            return offsets_ns, 0, 1
+        index, parts = self.part
+        return offsets_ns[index::parts], index, parts
 
     def offsets_ns(self, rate_rps: float) -> np.ndarray:
         duration_s = self.duration_s
@@ -245,6 +265,8 @@ class _Run:
         self.bound = bound
         self.tasks_running = 0
         self.waiting: deque[tuple[int, int]] = deque()
+        self.index_first = 0
+        self.index_step = 1
 
     async def send(self, index: int, intended_ns: int) -> None:
         """One request, start to end; never raises but for cancellation."""
@@ -344,7 +366,8 @@ class _Run:
             workers = [loop.create_task(self.worker(due)) for _ in range(concurrency)]
         recorder = self.recorder
         bound = self.bound if self.bound is not None else math.inf
-        for index, offset_ns in enumerate(offsets_ns.tolist()):
+        for position, offset_ns in enumerate(offsets_ns.tolist()):
+            index = self.index_first + position * self.index_step  # in the whole schedule
             intended_ns = start_ns + offset_ns
             delay_ns = intended_ns - now_ns()
             if delay_ns > 0:
@@ -392,8 +415,9 @@ async def run_point(
         raise ValueError("the concurrency cap must be at least 1")
     if spec.max_in_flight is not None and spec.max_in_flight < 1:
         raise ValueError("the bound on requests in flight must be at least 1")
-    offsets_ns = spec.offsets_ns(rate_rps)
-    window = spec.window(offsets_ns)
+    whole = spec.offsets_ns(rate_rps)
+    window = spec.window(whole)  # the windows are the whole schedule's, a part's too
+    offsets_ns, index_first, index_step = spec.part_of(whole)
     measured = len(offsets_ns)
     if window is not None:
         measured = int(
@@ -426,8 +450,11 @@ async def run_point(
             bound,
             new_check if checks is None else checks(metrics.Histogram()),
         )
+        run.index_first, run.index_step = index_first, index_step
         cpu.start()
         start_ns = now_ns() + 1_000_000  # a millisecond to get the scheduler going
+        if spec.start_at_unix_s is not None:
+            start_ns = start_instant_ns(spec.start_at_unix_s)
         recorder.begin(start_ns)
         pending = await run.schedule(start_ns, offsets_ns, concurrency)
         if pending:
@@ -440,19 +467,35 @@ async def run_point(
             recorder.failed(None, now_ns())
         recorder.flush()  # the recording's last step, billed to the client like the rest
         usage = cpu.stop(recorder.output_tokens)
-    schedule_s = float(offsets_ns[-1]) / 1e9 if len(offsets_ns) > 1 else 0.0
+    schedule_s = float(offsets_ns[-1] - offsets_ns[0]) / 1e9 if len(offsets_ns) > 1 else 0.0
     summary = recorder.summary(
         start_ns=start_ns, scheduled=len(offsets_ns), excluded=len(offsets_ns) - measured
     )
     summary["integrity"]["content_checked"] = expected is not None
-    return {
+    point: dict[str, Any] = {
         "rate_rps": finite_or_text(rate_rps),
         "concurrency": concurrency,
         "offered_rate_rps": (len(offsets_ns) - 1) / schedule_s if schedule_s else None,
         "in_flight_bound": bound,
         **summary,
         **usage,
+        # the histograms themselves, so that points of several processes can be merged
+        "hdr": {name: h.encode() for name, h in recorder.histograms().items()},
     }
+    if spec.part is not None:  # the span of its offsets gives the whole schedule's offered rate
+        point["part"] = {
+            "index": index_first,
+            "parts": index_step,
+            "first_offset_s": float(offsets_ns[0]) / 1e9 if len(offsets_ns) else None,
+            "last_offset_s": float(offsets_ns[-1]) / 1e9 if len(offsets_ns) else None,
+        }
+    return point
+
+
+def start_instant_ns(start_at_unix_s: float) -> int:
+    """The :data:`now_ns` instant of a UNIX time: the wall clock read beside the monotonic one
+    (across hosts, as good as their clocks' synchronisation)."""
+    return now_ns() + round((start_at_unix_s - time.time()) * 1e9)
 
 
 def finite_or_text(value: float) -> float | str:
