@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferwire.bench.loadgen import html_report, load_command, metrics, records
+from inferwire.bench.loadgen import html_report, load_command, metrics, openloop, records
 from inferwire.bench.loadgen.metrics import Histogram, Recorder, RequestRecord
 from inferwire.bench.loadgen.timeline import MAX_BUCKETS, Timeline, bucket_width_s
 from inferwire.bench.procs import server_process
@@ -448,3 +448,26 @@ def test_records_are_flushed_every_n(tmp_path: Path) -> None:
 def test_summary_line_ignores_the_new_keys(jsonl_run: dict[str, Path]) -> None:
     for point in _points(jsonl_run["out"]):
         assert "verified" in load_command.summary_line(point)
+
+
+
+def test_every_scheduled_request_has_a_record_even_when_the_drain_times_out() -> None:
+    """Two in flight, cancelled at the drain timeout, and four never sent (queued for the cap's
+    two slots): each still has its record, as unfinished."""
+    spec = openloop.LoadSpec(workload="stream-16", requests=6, drain_timeout_s=0.3)
+    seen: list[RequestRecord] = []
+    with server_process.serve("tcp", "orjson", "--decode-ms", "100") as server:
+
+        async def run() -> dict[str, Any]:
+            target = openloop.open_target("tcp", server.address, "orjson")
+            try:
+                return await openloop.run_point(
+                    target, spec, rate_rps=100.0, concurrency=2, on_record=seen.append
+                )
+            finally:
+                await target.close()
+
+        point = asyncio.run(run())
+    assert point["errors"] == {metrics.UNFINISHED: 6}
+    assert sorted(record.index for record in seen) == list(range(6))
+    assert all(not record.ok and record.error == metrics.UNFINISHED for record in seen)

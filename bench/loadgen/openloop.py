@@ -317,13 +317,34 @@ class _Run:
                 await aiter_close(stream)
             recorder.failed(exc, done_ns, intended_ns=intended_ns)
             error = metrics.error_name(exc)
+        except asyncio.CancelledError:  # the drain timeout: counted as unfinished by the run
+            self._record(
+                index, intended_ns, sent_ns, now_ns(), metrics.UNFINISHED, 0, 0, [], checker
+            )
+            raise
         finally:
             self.in_flight -= 1
             if self.on_done is not None:
                 self.on_done()
+        self._record(
+            index, intended_ns, sent_ns, done_ns, error, tokens, first_ns, gaps_ns, checker
+        )
+
+    def _record(
+        self,
+        index: int,
+        intended_ns: int,
+        sent_ns: int,
+        done_ns: int,
+        error: str | None,
+        tokens: int,
+        first_ns: int,
+        gaps_ns: list[int],
+        checker: StreamCheck | None,
+    ) -> None:
         if error is None and checker is not None and tokens:
             tokens = checker.output_tokens
-        recorder.add_record(
+        self.recorder.add_record(
             metrics.RequestRecord(
                 index=index,
                 intended_s=(intended_ns - self.start_ns) / 1e9,
@@ -337,7 +358,7 @@ class _Run:
                 tpot_ms=(done_ns - first_ns) / (tokens - 1) / 1e6 if tokens > 1 else None,
                 itl_max_ms=max(gaps_ns) / 1e6 if gaps_ns else None,
                 input_tokens=checker.input_tokens if checker is not None else None,
-                measured=recorder.measures(intended_ns),
+                measured=self.recorder.measures(intended_ns),
             )
         )
 
@@ -465,6 +486,7 @@ async def run_point(
         unaccounted = measured - recorder.completed - sum(recorder.errors.values())
         for _ in range(unaccounted):
             recorder.failed(None, now_ns())
+        _record_unfinished(recorder, start_ns, offsets_ns, index_first, index_step)
         recorder.flush()  # the recording's last step, billed to the client like the rest
         usage = cpu.stop(recorder.output_tokens)
     schedule_s = float(offsets_ns[-1] - offsets_ns[0]) / 1e9 if len(offsets_ns) > 1 else 0.0
@@ -496,6 +518,37 @@ def start_instant_ns(start_at_unix_s: float) -> int:
     """The :data:`now_ns` instant of a UNIX time: the wall clock read beside the monotonic one
     (across hosts, as good as their clocks' synchronisation)."""
     return now_ns() + round((start_at_unix_s - time.time()) * 1e9)
+
+
+def _record_unfinished(
+    recorder: Recorder, start_ns: int, offsets_ns: np.ndarray, first: int, step: int
+) -> None:
+    """A record for each request that has none: cancelled at the drain timeout, or never
+    sent (still queued for a slot), so the records count every scheduled request."""
+    recorded = {record.index for record in recorder.records}
+    done_ns = now_ns()
+    for position, offset_ns in enumerate(offsets_ns.tolist()):
+        index = first + position * step
+        if index in recorded:
+            continue
+        intended_ns = start_ns + offset_ns
+        recorder.add_record(
+            metrics.RequestRecord(
+                index=index,
+                intended_s=offset_ns / 1e9,
+                queue_wait_ms=(done_ns - intended_ns) / 1e6,
+                ok=False,
+                error=metrics.UNFINISHED,
+                ttft_ms=None,
+                e2e_ms=(done_ns - intended_ns) / 1e6,
+                output_tokens=0,
+                chunks=0,
+                tpot_ms=None,
+                itl_max_ms=None,
+                input_tokens=None,
+                measured=recorder.measures(intended_ns),
+            )
+        )
 
 
 def finite_or_text(value: float) -> float | str:
