@@ -450,7 +450,6 @@ def test_summary_line_ignores_the_new_keys(jsonl_run: dict[str, Path]) -> None:
         assert "verified" in load_command.summary_line(point)
 
 
-
 def test_every_scheduled_request_has_a_record_even_when_the_drain_times_out() -> None:
     """Two in flight, cancelled at the drain timeout, and four never sent (queued for the cap's
     two slots): each still has its record, as unfinished."""
