@@ -669,3 +669,28 @@ def test_proxy_exits_cleanly_on_sigterm(servers: CliProcesses, processes: CliPro
     assert run(stream_once("tcp", proxy.address, "protobuf", request)) == expected(request)
     assert processes.stop(proxy.process)
     assert (proxy.process.returncode, processes.stderr(proxy.process)) == (0, "")
+
+
+def test_http2_client_waits_for_a_stream_past_the_servers_limit() -> None:
+    """More requests at once than the server's MAX_CONCURRENT_STREAMS (256): the client waits
+    for a stream to close (RFC 9113 5.1.2) instead of failing the requests over the limit."""
+    from inferwire.transports.http2 import MAX_CONCURRENT_STREAMS
+    from tests.fault_helpers import serving
+
+    wanted = MAX_CONCURRENT_STREAMS + 44
+    request = it.GenerateRequest(workload="stream-16", max_tokens=4)
+
+    async def run() -> list[int]:
+        async with serving("http2", decode_s=0.01) as running:
+            client = it.connect("http2", running.address, codec="orjson")
+            try:
+
+                async def one() -> int:
+                    return sum([len(chunk.token_ids) async for chunk in client.generate(request)])
+
+                await one()  # the connection is up and the server's SETTINGS are in
+                return await asyncio.wait_for(asyncio.gather(*(one() for _ in range(wanted))), 60)
+            finally:
+                await client.close()
+
+    assert asyncio.run(run()) == [4] * wanted

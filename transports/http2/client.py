@@ -72,6 +72,9 @@ class ClientProtocol(asyncio.Protocol):
         self.failure: Exception | None = None
         self.draining = False
         self.lost = asyncio.Event()
+        self.stream_closed = asyncio.Event()
+        """Set when a stream ends or is reset: a request waiting for a stream slot (the
+        server's SETTINGS_MAX_CONCURRENT_STREAMS) looks again."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -108,6 +111,7 @@ class ClientProtocol(asyncio.Protocol):
                 stream.failure = failure
             stream.event.set()
         self.flow.opened(None)
+        self.stream_closed.set()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.writer is not None:
@@ -153,6 +157,7 @@ class ClientProtocol(asyncio.Protocol):
             elif isinstance(event, h2.events.StreamEnded) and stream is not None:
                 stream.complete = True
                 stream.event.set()
+                self.stream_closed.set()
             elif isinstance(event, h2.events.StreamReset) and stream is not None:
                 if not (stream.complete and event.error_code == h2.errors.ErrorCodes.NO_ERROR):
                     stream.failure = CancelledByPeerError(
@@ -160,6 +165,7 @@ class ClientProtocol(asyncio.Protocol):
                     )
                 stream.event.set()
                 self.flow.reset(event.stream_id)  # a sender waiting for window stops waiting
+                self.stream_closed.set()
             elif isinstance(event, h2.events.WindowUpdated):
                 self.flow.opened(event.stream_id)
             elif isinstance(event, h2.events.RemoteSettingsChanged):
@@ -247,6 +253,16 @@ class Http2Client(Client):
             raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
         protocol = await self._connection()
         conn = protocol.conn
+        # RFC 9113 5.1.2: past the server's limit on concurrent streams a new one would be
+        # refused (h2 raises TooManyStreamsError): wait for one to close instead, as the
+        # requests of a saturated HTTP/1.1 pool wait for a connection
+        while conn.open_outbound_streams >= conn.remote_settings.max_concurrent_streams:
+            if protocol.failure is not None:
+                raise protocol.failure
+            protocol.stream_closed.clear()
+            with map_exceptions("http2 wait for a stream"):
+                async with asyncio.timeout(self.limits.timeout_s):
+                    await protocol.stream_closed.wait()
         with map_exceptions("http2", _ERRORS):
             stream_id = conn.get_next_available_stream_id()
         stream = _ClientStream()
