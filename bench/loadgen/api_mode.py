@@ -28,7 +28,7 @@ from . import endpoints, openloop
 from .api_streams import ApiStreamCheck, TokenCounter
 from .endpoints import APIS, ApiTarget, Endpoint
 from .metrics import Histogram
-from .prompts import PromptSet, add_prompt_arguments, prompt_set_from_args
+from .prompts import PromptSet, add_prompt_arguments, prompt_set_from_args, tokenizer_from_args
 
 DEFAULT_API_KEY_ENV: Final = "OPENAI_API_KEY"
 SCHEMES: Final = {"http1": "http", "grpc": "grpc"}
@@ -145,12 +145,10 @@ class ApiSweep:
     def __init__(self, args: argparse.Namespace, endpoint: Endpoint) -> None:
         self.args = args
         self.endpoint = endpoint
-        self.prompts: PromptSet = prompt_set_from_args(args)
-        self.counter: TokenCounter | None = None
-        if args.tokenizer is not None:
-            from .tokenizer import load_tokenizer  # the tokenizer extra, only when asked for
-
-            self.counter = load_tokenizer(args.tokenizer)
+        tokenizer = tokenizer_from_args(args)
+        self.prompts: PromptSet = prompt_set_from_args(args, tokenizer=tokenizer)
+        self.counter: TokenCounter | None = tokenizer
+        self._drawn: list[Any] = []
         self._target: ApiTarget | None = None
         self.description: dict[str, Any] = {}
 
@@ -171,7 +169,13 @@ class ApiSweep:
         return self._target
 
     def requests(self, count: int) -> list[Any]:
-        return list(self.prompts.draw(max(count, 1), seed=self.args.seed))
+        """The prompts of the first ``count`` requests of a point: one draw for the run (with a
+        tokenizer, drawing costs about a millisecond a prompt), the same prompts at every
+        point, so points differ by rate alone."""
+        count = max(count, 1)
+        if len(self._drawn) < count:
+            self._drawn = self.prompts.draw(count, seed=self.args.seed)
+        return self._drawn[:count]
 
     def check_factory(self) -> openloop.CheckFactory:
         needs_finish = self.target.needs_finish

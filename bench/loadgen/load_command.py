@@ -71,7 +71,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import inferwire.codecs as ic
 import inferwire.transports as it
@@ -94,6 +94,7 @@ from .openloop import (
     select_is_safe,
     warm_up,
 )
+from .records import STDOUT, RecordsError, RecordWriter, records_format
 
 
 def _rates(text: str) -> list[float]:
@@ -134,6 +135,7 @@ async def _sweep(
     address: str,
     pid: int | None,
     api: api_mode.ApiSweep | None = None,
+    records: RecordWriter | None = None,
 ) -> list[dict[str, Any]]:
     if api is None:
         target: Target = open_target(args.transport, address, args.codec)
@@ -142,8 +144,9 @@ async def _sweep(
     else:
         target = await api.open()
         expected = None
+        api.requests(max(len(spec.offsets_ns(rate)) for rate in args.rate))  # drawn up front
         first = api.requests(1)[0]
-    points = []
+    points: list[dict[str, Any]] = []
     try:
         try:
             await warm_up(target, first, args.warmup)
@@ -165,6 +168,9 @@ async def _sweep(
                     expected=expected,
                     request_for=None if requests is None else requests.__getitem__,
                     checks=None if api is None else api.check_factory(),
+                    on_record=None
+                    if records is None
+                    else records.sink(point=len(points), rate_rps=rate),
                 )
                 print(summary_line(point), flush=True)
                 points.append(point)
@@ -278,12 +284,13 @@ def _load(args: argparse.Namespace) -> int:
     with (
         _server(args) as (address, pid),
         asyncio.Runner(loop_factory=event_loop_factory(precise)) as runner,
+        _records(args) as records,
     ):
         if args.api is not None and args.spawn:
             url = api_mode.spawned_url(args.transport, address, args.api)
             api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url))
-        points = runner.run(_sweep(args, spec, address, pid, api))
-    if args.out is not None:
+        points = runner.run(_sweep(args, spec, address, pid, api, records))
+    if args.out is not None or args.html is not None:
         parameters = {
             "transport": args.transport,
             "codec": args.codec if api is None else None,
@@ -310,9 +317,11 @@ def _load(args: argparse.Namespace) -> int:
             "machine": metrics.machine(),
             "points": points,
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
-        print(f"wrote {args.out}")
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+            print(f"wrote {args.out}", file=_notes(args))
+        _write_html(args, report)
     failed = sum(p["requests_failed"] for p in points)
     return 1 if failed and all(p["requests_completed"] == 0 for p in points) else 0
 
@@ -427,3 +436,96 @@ def add_commands(commands: arguments.Commands) -> None:
     load.add_argument("--out", type=Path, help="write the JSON report to this file")
     load.add_argument("--quiet", action="store_true", help="no progress bar")
     load.set_defaults(run=_load)
+    _add_output_commands(commands, load)
+
+
+# -- per-request records and the HTML report (issue 13) ---------------------------------------
+
+
+def _records_path(text: str) -> str:
+    try:
+        records_format(text)
+    except RecordsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _html_path(text: str) -> Path:
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name")
+    return path
+
+
+def _notes(args: argparse.Namespace) -> TextIO:
+    """Where a line for the user goes: stderr when the records take stdout."""
+    return sys.stderr if getattr(args, "records", None) == STDOUT else sys.stdout
+
+
+@contextlib.contextmanager
+def _records(args: argparse.Namespace) -> Iterator[RecordWriter | None]:
+    """The --records writer for the run (the summary lines go to stderr when it takes stdout)."""
+    if args.records is None:
+        yield None
+        return
+    try:
+        writer = RecordWriter.open(args.records)
+    except RecordsError as exc:
+        raise CommandError(str(exc)) from exc
+    with contextlib.ExitStack() as stack:
+        if args.records == STDOUT:
+            stack.enter_context(contextlib.redirect_stdout(sys.stderr))
+        try:
+            yield writer
+        finally:
+            try:
+                writer.close()
+            except RecordsError as exc:
+                raise CommandError(str(exc)) from exc
+    if args.records != STDOUT:
+        print(f"wrote {writer.written} records to {args.records}")
+
+
+def _write_html(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    if args.html is None:
+        return
+    from . import html_report  # matplotlib: only when a page is asked for
+
+    args.html.parent.mkdir(parents=True, exist_ok=True)
+    args.html.write_text(html_report.render(report))
+    print(f"wrote {args.html}", file=_notes(args))
+
+
+def _load_report(args: argparse.Namespace) -> int:
+    try:
+        report = json.loads(args.report.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CommandError(f"cannot read the report {args.report}: {exc}") from exc
+    if not isinstance(report, dict) or report.get("kind") != "inferwire-load":
+        raise CommandError(f"{args.report} is not a report of `inferwire load` (its --out)")
+    _write_html(args, report)
+    return 0
+
+
+def _add_output_commands(commands: arguments.Commands, load: argparse.ArgumentParser) -> None:
+    load.add_argument(
+        "--records",
+        type=_records_path,
+        metavar="FILE",
+        help="write one record per request to FILE (.csv, or .jsonl; - for JSONL on stdout) "
+        "as the run goes",
+    )
+    load.add_argument(
+        "--html", type=_html_path, metavar="FILE", help="write a one-page HTML report to FILE"
+    )
+    page = commands.add_parser(
+        "load-report",
+        help="rebuild the HTML report of `inferwire load` from its JSON",
+        description="Writes the one-page HTML report (tables, latency CDFs, ITL over time) "
+        "from a JSON report that `inferwire load --out` wrote.",
+    )
+    page.add_argument("report", type=Path, help="the JSON report")
+    page.add_argument(
+        "--html", type=_html_path, required=True, metavar="FILE", help="the page to write"
+    )
+    page.set_defaults(run=_load_report)

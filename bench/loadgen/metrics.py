@@ -29,11 +29,21 @@ from inferwire.bench.measure.versions import CORE_LIBRARIES, library_versions
 from inferwire.codecs.integrity import AlteredStreamError
 from inferwire.transports import StreamTruncatedError, TransportError
 
+from .timeline import Timeline
+
 HIGHEST_US: Final = 3_600_000_000
 """One hour: anything slower is clamped to it (and still counted)."""
 SIGNIFICANT_DIGITS: Final = 3
 PERCENTILES: Final = ((50.0, "p50"), (90.0, "p90"), (99.0, "p99"), (99.9, "p99_9"))
 _FLUSH_AT: Final = 1 << 16
+CDF_PERCENTILES: Final = tuple(
+    sorted(
+        {*np.linspace(0.0, 99.0, 100).round(6).tolist(), 100.0}
+        | set((100 * (1 - np.logspace(-2, -5, 61))).round(6).tolist())
+    )
+)
+"""Where a histogram's CDF is read: every percent, then 61 points of the tail, log-spaced from
+P99 to P99.999 (a latency CDF is read on a log scale near 1)."""
 UNFINISHED: Final = "Unfinished"
 """The error name of a request still running when the run's drain timeout ran out."""
 INTEGRITY_KINDS: Final[tuple[tuple[str, tuple[type[BaseException], ...]], ...]] = (
@@ -103,16 +113,29 @@ class Histogram:
         self.flush()
         return int(self._hdr.get_total_count())
 
-    def summary_ms(self) -> dict[str, float | int | None]:
-        """``count``, then P50/P90/P99/P99.9, mean and max in milliseconds (None when empty)."""
+    def summary_ms(self) -> dict[str, Any]:
+        """``count``, then P50/P90/P99/P99.9, mean and max in milliseconds (None when empty),
+        and the ``cdf`` (:meth:`cdf_ms`)."""
         count = self.count
-        out: dict[str, float | int | None] = {"count": count}
+        out: dict[str, Any] = {"count": count}
         found = self._hdr.get_percentile_to_value_dict([p for p, _ in PERCENTILES])
         for percentile, name in PERCENTILES:
             out[f"{name}_ms"] = found[percentile] / 1000 if count else None
         out["mean_ms"] = self._sum_ns / count / 1e6 if count else None
         out["max_ms"] = self._max_ns / 1e6 if count else None
+        out["cdf"] = self.cdf_ms()
         return out
+
+    def cdf_ms(self) -> list[list[float]]:
+        """The distribution as ``[value_ms, cumulative_fraction]`` points (at most one per
+        :data:`CDF_PERCENTILES`, each value once with its highest fraction); empty when empty."""
+        if not self.count:
+            return []
+        found = self._hdr.get_percentile_to_value_dict(list(CDF_PERCENTILES))
+        fraction_at: dict[float, float] = {}
+        for percentile, value_us in sorted(found.items()):
+            fraction_at[value_us / 1000] = percentile / 100
+        return [[value_ms, round(f, 8)] for value_ms, f in sorted(fraction_at.items())]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,6 +221,7 @@ class Recorder:
         self.integrity: Counter[str] = Counter()
         self.max_in_flight = 0
         self.last_done_ns = 0
+        self.timeline = Timeline()
 
     def completed_stream(
         self,
@@ -212,6 +236,14 @@ class Recorder:
         """A stream that ended with its end marker and passed verification. ``first_token_ns``
         is 0 if it had none; ``gaps_ns`` are the gaps before each token-carrying chunk after
         the first, and ``chunk_tokens`` the number of tokens in each of those chunks."""
+        self.timeline.completed(
+            intended_ns=intended_ns,
+            first_token_ns=first_token_ns,
+            done_ns=done_ns,
+            output_tokens=output_tokens,
+            gaps_ns=gaps_ns,
+            chunk_tokens=chunk_tokens,
+        )
         if gaps_ns:
             self.itl_per_chunk.record_many_ns(gaps_ns, [1] * len(gaps_ns))
             self.itl_per_token.record_many_ns(gaps_ns, chunk_tokens)
@@ -234,6 +266,7 @@ class Recorder:
     def failed(self, exc: BaseException | None, done_ns: int) -> None:
         """A request that raised ``exc`` (``None``: it never finished)."""
         self.last_done_ns = max(self.last_done_ns, done_ns)
+        self.timeline.failed(done_ns)
         name = UNFINISHED if exc is None else error_name(exc)
         self.errors[name] += 1
         self.error_examples.setdefault(name, "" if exc is None else str(exc)[:200])
@@ -286,6 +319,7 @@ class Recorder:
                 **{kind: self.integrity[kind] for kind, _ in INTEGRITY_KINDS},
             },
             **{name: h.summary_ms() for name, h in self.histograms().items()},
+            "timeline": self.timeline.summary(start_ns),
         }
 
 

@@ -351,6 +351,7 @@ async def run_point(
     expected: Sequence[ic.TokenChunk] | None = None,
     request_for: Callable[[int], Any] | None = None,
     checks: CheckFactory | None = None,
+    on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
@@ -362,7 +363,7 @@ async def run_point(
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
     offsets_ns = spec.offsets_ns(rate_rps)
-    recorder = Recorder(spec.slo)
+    recorder = Recorder(spec.slo, on_record=on_record)
     cpu = metrics.CpuMeter(server_pid)
     label = f"rate {rate_rps:g}/s" + (f" cap {concurrency}" if concurrency else "")
     with tqdm(

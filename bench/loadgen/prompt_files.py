@@ -22,7 +22,9 @@ not pass MAX_RECORD_CHARS, and the prompts kept may not pass MAX_KEPT_CHARS in a
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ COUNT_BATCH: Final = 1024
 HUMAN: Final = frozenset({"human", "user"})
 NOT_A_REPLY: Final = HUMAN | {"system"}
 _WHITESPACE: Final = " \t\r\n"
+_NOT_WHITESPACE: Final = re.compile(r"[^ \t\r\n]")
 
 
 class PromptFileError(ValueError):
@@ -67,7 +70,7 @@ def read_prompts(path: Path, *, name: str, tokenizer: Tokenizer | None = None) -
     batch: list[_Record] = []
     skipped = 0
     kept_chars = 0
-    with file:
+    with file, _read_errors(path):
         for line, item in _records(file, path):
             record = _record(item, path, line)
             if record is None:
@@ -91,6 +94,14 @@ def read_prompts(path: Path, *, name: str, tokenizer: Tokenizer | None = None) -
         input_tokens_counted_by="tokenizer" if tokenizer else "none",
         skipped=skipped,
     )
+
+
+@contextlib.contextmanager
+def _read_errors(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:  # a read that failed, a pipe that cannot seek back
+        raise PromptFileError(path, 0, f"cannot be read: {exc}") from None
 
 
 def _counted(batch: list[_Record], tokenizer: Tokenizer | None) -> list[Prompt]:
@@ -120,9 +131,11 @@ def _records(file: IO[str], path: Path) -> Iterator[tuple[int, object]]:
     """(line, parsed record) for each record: of a JSON array if the file starts with ``[``,
     else of each non-blank line."""
     try:
-        head = file.read(READ_CHARS)
+        first = ""
+        while not first and (more := file.read(READ_CHARS)):
+            first = more.lstrip(_WHITESPACE)[:1]
         file.seek(0)
-        if head.lstrip(_WHITESPACE).startswith("["):
+        if first == "[":
             yield from _array_items(file, path)
         else:
             yield from _lines(file, path)
@@ -144,9 +157,9 @@ def _lines(file: IO[str], path: Path) -> Iterator[tuple[int, object]]:
 def _array_items(file: IO[str], path: Path) -> Iterator[tuple[int, object]]:
     """The items of a top-level JSON array, parsed one at a time as the file is read."""
     decoder = json.JSONDecoder()
-    buffer = file.read(READ_CHARS)
-    position = buffer.index("[") + 1
-    line = 1 + buffer.count("\n", 0, position)
+    buffer = ""
+    position = 0
+    line = 1
     expect_comma = False
     at_end = False
 
@@ -159,17 +172,26 @@ def _array_items(file: IO[str], path: Path) -> Iterator[tuple[int, object]]:
         buffer += more
         return bool(more)
 
-    while True:
-        while True:  # skip whitespace
-            stripped = len(buffer) - len(buffer[position:].lstrip(_WHITESPACE))
+    def skip_whitespace() -> None:
+        nonlocal position, line
+        while True:
+            found = _NOT_WHITESPACE.search(buffer, position)
+            stripped = len(buffer) if found is None else found.start()
             line += buffer.count("\n", position, stripped)
             position = stripped
             if position < len(buffer) or not fill(READ_CHARS):
-                break
+                return
+
+    skip_whitespace()
+    position += 1  # the "[" that _records found
+    while True:
+        skip_whitespace()
         if position == len(buffer):
             raise PromptFileError(path, line, "the JSON array is not closed")
         if buffer[position] == "]":
-            if buffer[position + 1 :].strip(_WHITESPACE) or file.read(READ_CHARS).strip():
+            position += 1
+            skip_whitespace()
+            if position < len(buffer):
                 raise PromptFileError(path, line, "text after the JSON array")
             return
         if expect_comma:
@@ -192,8 +214,7 @@ def _array_items(file: IO[str], path: Path) -> Iterator[tuple[int, object]]:
                 # an item cut by the end of what was read: read more (as much again, so a
                 # large item is parsed a few times, not once per chunk)
                 if at_end or not fill(len(buffer) - position):
-                    error_line = line + buffer.count("\n", position, exc.pos)
-                    raise PromptFileError(path, error_line, f"not JSON: {exc.msg}") from None
+                    raise PromptFileError(path, line, f"not JSON: {exc.msg}") from None
         yield line, item
         line += buffer.count("\n", position, end)
         position = end

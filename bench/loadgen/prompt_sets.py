@@ -9,7 +9,6 @@ the command line.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, Protocol, TypeAlias
 
@@ -21,11 +20,12 @@ from .tokenizer import Tokenizer, TokenizerError
 
 MAX_LENGTH_TOKENS: Final = 1 << 20
 """Largest length a distribution may give: past any context window served today."""
+MAX_DRAW_TOKENS: Final = 1 << 28
+"""Most tokens one synthetic draw makes (about 2 GB of text): 100,000 prompts of 2,048."""
 ADJUST_ROUNDS: Final = 8
 """Decode/re-encode rounds that bring a synthetic prompt to its length with a tokenizer."""
 
 Kind: TypeAlias = Literal["fixed", "uniform", "normal", "lognormal"]
-_NUMBER: Final = r"\s*([0-9.eE+-]+)\s*"
 
 
 class LengthsError(ValueError):
@@ -88,25 +88,26 @@ class Lengths:
                 f"{text!r}: unknown distribution {kind!r} "
                 "(N, uniform:LOW,HIGH, normal:MEAN,STD or lognormal:MEDIAN,SIGMA)"
             )
-        match = re.fullmatch(_NUMBER + "," + _NUMBER, rest)
-        if match is None:
+        numbers = rest.split(",")
+        if len(numbers) != 2:
             raise LengthsError(f"{text!r}: {kind} takes two numbers, {kind}:A,B")
         if kind == "uniform":
-            low, high = _integer(match[1], text), _integer(match[2], text)
+            low, high = _integer(numbers[0], text), _integer(numbers[1], text)
             if low > high:
                 raise LengthsError(f"{text!r}: LOW is above HIGH")
             return cls(kind="uniform", first=low, second=high)
-        centre, spread = _number(match[1], text), _number(match[2], text)
+        centre, spread = _number(numbers[0], text), _number(numbers[1], text)
         if not 1 <= centre <= MAX_LENGTH_TOKENS:
-            raise LengthsError(f"{text!r}: {match[1]} is not 1 to {MAX_LENGTH_TOKENS}")
+            raise LengthsError(f"{text!r}: {centre:g} is not 1 to {MAX_LENGTH_TOKENS}")
         if spread < 0:
-            raise LengthsError(f"{text!r}: {match[2]} is negative")
-        return cls(kind=kind, first=centre, second=spread)  # type: ignore[arg-type]
+            raise LengthsError(f"{text!r}: {spread:g} is negative")
+        shape: Kind = "normal" if kind == "normal" else "lognormal"
+        return cls(kind=shape, first=centre, second=spread)
 
     def __str__(self) -> str:
         if self.kind == "fixed":
-            return f"{self.first:g}"
-        return f"{self.kind}:{self.first:g},{self.second:g}"
+            return _shown(self.first)
+        return f"{self.kind}:{_shown(self.first)},{_shown(self.second)}"
 
     def draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
         """``count`` lengths, as int64."""
@@ -119,6 +120,11 @@ class Lengths:
         else:
             values = rng.lognormal(math.log(self.first), self.second, size=count)
         return np.clip(np.rint(values), 1, MAX_LENGTH_TOKENS).astype(np.int64)
+
+
+def _shown(number: float) -> str:
+    # as written, so that str() parses back to the same Lengths
+    return str(int(number)) if float(number).is_integer() else repr(float(number))
 
 
 def _number(text: str, spec: str) -> float:
@@ -164,11 +170,12 @@ class SyntheticPrompts:
     input_tokens: Lengths
     output_tokens: Lengths | None
     tokenizer: Tokenizer | None = None
-    _pool: np.ndarray = field(init=False, repr=False)
+    _token_ids: np.ndarray | None = field(init=False, repr=False, compare=False)
+    """The tokenizer's ids that a prompt is made of (found once: it decodes the vocabulary)."""
 
     def __post_init__(self) -> None:
-        pool = _drawable_ids(self.tokenizer) if self.tokenizer else np.arange(len(WORDS))
-        object.__setattr__(self, "_pool", pool)
+        ids = _drawable_ids(self.tokenizer) if self.tokenizer else None
+        object.__setattr__(self, "_token_ids", ids)
 
     @property
     def name(self) -> str:
@@ -184,16 +191,21 @@ class SyntheticPrompts:
         _check_count(count)
         rng = np.random.default_rng(seed)
         lengths = self.input_tokens.draw(rng, count)
+        if lengths.sum() > MAX_DRAW_TOKENS:
+            raise ValueError(
+                f"{count} prompts of {self.input_tokens} tokens make {lengths.sum()} tokens, "
+                f"more than the {MAX_DRAW_TOKENS} one draw may hold: draw fewer at a time"
+            )
         outputs: list[int | None] = (
             [None] * count
             if self.output_tokens is None
             else self.output_tokens.draw(rng, count).tolist()
         )
-        if self.tokenizer is None:
+        if self.tokenizer is None or self._token_ids is None:
             texts = _word_texts(rng, lengths)
             counts = lengths.tolist()
         else:
-            texts, counts = _token_texts(rng, self.tokenizer, self._pool, lengths)
+            texts, counts = _token_texts(rng, self.tokenizer, self._token_ids, lengths)
         exact = self.tokenizer is not None
         return [
             Prompt(text=text, input_tokens=n, max_tokens=out, input_tokens_exact=exact)
@@ -204,7 +216,7 @@ class SyntheticPrompts:
 def _word_texts(rng: np.random.Generator, lengths: np.ndarray) -> list[str]:
     words = np.asarray(WORDS, dtype=object)[rng.integers(0, len(WORDS), int(lengths.sum()))]
     ends = np.cumsum(lengths).tolist()
-    starts = [0, *ends[:-1]]
+    starts = [0, *ends][: len(ends)]
     return [" ".join(words[start:end]) for start, end in zip(starts, ends, strict=True)]
 
 
@@ -234,7 +246,8 @@ def _token_texts(
     targets = lengths.tolist()
     draws = pool[rng.integers(0, len(pool), int(lengths.sum()))].tolist()
     ends = np.cumsum(lengths).tolist()
-    ids = [draws[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+    starts = [0, *ends][: len(ends)]
+    ids = [draws[start:end] for start, end in zip(starts, ends, strict=True)]
     texts = [""] * len(targets)
     counts = [0] * len(targets)
     pending = list(range(len(targets)))
@@ -276,10 +289,11 @@ class ListedPrompts:
     def draw(self, count: int, *, seed: int) -> list[Prompt]:
         _check_count(count)
         rng = np.random.default_rng(seed)
-        order: list[int] = []
-        while len(order) < count:
-            order += rng.permutation(len(self.prompts)).tolist()
-        return [self.prompts[i] for i in order[:count]]
+        size = len(self.prompts)
+        passes = -(-count // size)
+        # one shuffle of the list per pass over it, all drawn at once
+        order = rng.permuted(np.tile(np.arange(size), (passes, 1)), axis=1)
+        return [self.prompts[i] for i in order.ravel()[:count].tolist()]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

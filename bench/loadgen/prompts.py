@@ -46,6 +46,7 @@ __all__ = [
     "from_file",
     "prompt_set_from_args",
     "synthetic",
+    "tokenizer_from_args",
 ]
 
 DEFAULT_INPUT_TOKENS: Final = "256"
@@ -123,15 +124,24 @@ def add_prompt_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
     )
 
 
-def prompt_set_from_args(args: argparse.Namespace) -> PromptSet:
+def tokenizer_from_args(args: argparse.Namespace) -> Tokenizer | None:
+    """The ``--tokenizer`` given, loaded (a bad path is a :class:`CommandError`; a missing
+    ``tokenizers`` library, a ``MissingExtraError``), or None."""
+    if args.tokenizer is None:
+        return None
+    try:
+        return load_tokenizer(args.tokenizer)
+    except TokenizerError as exc:
+        raise CommandError(f"--tokenizer: {exc}") from None
+
+
+def prompt_set_from_args(
+    args: argparse.Namespace, *, tokenizer: Tokenizer | None = None
+) -> PromptSet:
     """The prompt set the options of :func:`add_prompt_arguments` name; a bad value is a
-    :class:`CommandError` (a missing ``tokenizers`` library, a ``MissingExtraError``)."""
-    tokenizer = None
-    if args.tokenizer is not None:
-        try:
-            tokenizer = load_tokenizer(args.tokenizer)
-        except TokenizerError as exc:
-            raise CommandError(f"--tokenizer: {exc}") from None
+    :class:`CommandError`. ``tokenizer``: the one :func:`tokenizer_from_args` loaded (the
+    run counts output tokens with it too), else it is loaded here."""
+    tokenizer = tokenizer or tokenizer_from_args(args)
     try:
         if args.prompts == "synthetic":
             return synthetic(
@@ -275,11 +285,11 @@ def bundled_records() -> list[dict[str, Any]]:
     """The bundled set's records, made from the vocabulary and the templates above."""
     choose = _Choices(BUNDLED_SEED)
     weighted = [template for weight, template in TEMPLATES for _ in range(weight)]
-    records = []
-    for _ in range(BUNDLED_COUNT):
+    records: dict[str, int] = {}
+    while len(records) < BUNDLED_COUNT:
         text, max_tokens = weighted[choose.below(len(weighted))](choose)
-        records.append({"prompt": text, "max_tokens": max_tokens})
-    return records
+        records.setdefault(text, max_tokens)  # each prompt once
+    return [{"prompt": text, "max_tokens": n} for text, n in records.items()]
 
 
 def bundled_bytes() -> bytes:
