@@ -102,11 +102,15 @@ def _raw(tmp_path: Path, ttft_p50: float) -> Path:
     for round_index in range(2):
         report = _inferwire_report(ttft_p50=ttft_p50, queue_wait_p50=1.0, tpot_p50=10.0)
         report["parameters"] = {"warmup_requests": 8}
+        # per-request records: 1.5 ms of queue wait each (the histogram's p50 says 1.0)
+        records = [[i * 0.1, 1.5, True, ttft_p50, 10.0, 2600.0, 256] for i in range(100)]
         runs.append(
             {
                 "tool": "inferwire",
                 "round": round_index,
                 "report": report,
+                "request_columns": list(gc.INFERWIRE_COLUMNS),
+                "requests": records,
                 "process_cpu_s": 1.0,
                 "wire": warmup + wire,
             }
@@ -169,8 +173,9 @@ def test_wire_figures_leave_out_the_warm_up_and_requests_without_events(tmp_path
         assert row["wire_ttft_p50"] == pytest.approx(20.0, abs=1e-3)
         assert row["wire_ttft_p99"] == pytest.approx(20.0, abs=1e-3)
         assert row["wire_rate_rps"] == pytest.approx(10.0)
-    # inferwire: 22 ms from the intended send, 1 ms of it its own queue wait
-    assert ours["ttft_from_send_p50"] == pytest.approx(21.0)
+    # inferwire: 22 ms from the intended send, 1.5 ms of it its own queue wait (per request)
+    assert ours["ttft_from_send_p50"] == pytest.approx(20.5)
+    assert ours["sent_rate_rps"] == pytest.approx(10.0)
 
 
 @pytest.mark.parametrize(("ttft_p50", "agrees"), [(22.0, True), (40.0, False)])

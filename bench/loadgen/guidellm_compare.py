@@ -17,7 +17,8 @@ Each tool's client CPU is the user + system time of its whole process tree (guid
 worker processes), sampled every :data:`CPU_SAMPLE_S` with a wall-clock stamp so that the time
 of its measured window can be read apart from its start-up (importing torch alone costs
 seconds). One raw file comes out, ``results/raw/load-agreement.json``: the run's parameters,
-inferwire's JSON report of each round, and of guidellm's each round its own summary metrics
+inferwire's JSON report and per-request records of each round (compact rows), and of
+guidellm's each round its own summary metrics
 and a compact per-request table of its timings (targeted start, actual start, first and last
 token, end; Unix seconds), from which the page (:mod:`inferwire.bench.report.load_agreement`)
 computes what guidellm does not summarise. Nothing here imports guidellm.
@@ -64,6 +65,16 @@ REQUEST_COLUMNS: Final = (
     "request_latency",
 )
 """One row per guidellm request, in this order (its ``timings`` and computed fields)."""
+INFERWIRE_COLUMNS: Final = (
+    "intended_s",
+    "queue_wait_ms",
+    "ok",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "output_tokens",
+)
+"""One row per ``inferwire load`` request, in this order (of its ``--records``)."""
 GUIDELLM_METRICS: Final = (
     "requests_per_second",
     "request_latency",
@@ -163,6 +174,7 @@ def run_inferwire(
     spec: CompareSpec, round_index: int, url: str, server_pid: int, tokenizer: Path, work: Path
 ) -> dict[str, Any]:
     out = work / f"inferwire-{round_index}.json"
+    records = work / f"inferwire-{round_index}.jsonl"
     command = [
         str(Path(sys.executable).with_name("inferwire")),
         "load",
@@ -188,11 +200,21 @@ def run_inferwire(
         str(server_pid),
         "--out",
         str(out),
+        "--records",
+        str(records),
         "--quiet",
     ]
     samples, whole_s = _run_tool(command, env=dict(os.environ), log=out.with_suffix(".log"))
     report = json.loads(out.read_text())
-    return {"command": command, "report": report, "cpu_samples": samples, "process_cpu_s": whole_s}
+    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    return {
+        "command": command,
+        "report": report,
+        "request_columns": list(INFERWIRE_COLUMNS),
+        "requests": [[row[name] for name in INFERWIRE_COLUMNS] for row in rows],
+        "cpu_samples": samples,
+        "process_cpu_s": whole_s,
+    }
 
 
 def _request_row(request: dict[str, Any], status: str) -> list[Any]:

@@ -68,6 +68,16 @@ def inferwire_row(run: dict[str, Any]) -> dict[str, Any]:
     (point,) = run["report"]["points"]
     sent = point["requests_completed"] + point["requests_failed"]
     warmup = run["report"].get("parameters", {}).get("warmup_requests", 0)
+    columns = run.get("request_columns", [])
+    records = [dict(zip(columns, row, strict=True)) for row in run.get("requests", [])]
+    ok = [r for r in records if r["ok"] and r["ttft_ms"] is not None]
+    # per request when the records are there: the p50 of a difference, not a difference of p50s
+    from_send = (
+        _percentile([r["ttft_ms"] - r["queue_wait_ms"] for r in ok], 50)
+        if ok
+        else point["ttft"]["p50_ms"] - point["queue_wait"]["p50_ms"]
+    )
+    sends = sorted(r["intended_s"] + r["queue_wait_ms"] / 1e3 for r in records)
     return {
         **wire_figures(run, skip=warmup),
         "load_average": run.get("load_average_after", [None])[0],
@@ -87,7 +97,8 @@ def inferwire_row(run: dict[str, Any]) -> dict[str, Any]:
         "cpu_ms_per_request": 1e3 * point["client_cpu_s"] / sent if sent else None,
         "process_cpu_ms_per_request": 1e3 * run["process_cpu_s"] / sent if sent else None,
         "lag_invalid": 0,
-        "ttft_from_send_p50": point["ttft"]["p50_ms"] - point["queue_wait"]["p50_ms"],
+        "ttft_from_send_p50": from_send,
+        "sent_rate_rps": (len(sends) - 1) / (sends[-1] - sends[0]) if len(sends) > 1 else None,
     }
 
 
@@ -127,6 +138,7 @@ def guidellm_row(run: dict[str, Any]) -> dict[str, Any]:
         "sent": sent,
         "completed": len(ok),
         "rate_rps": (sent - 1) / (started[-1] - started[0]) if sent > 1 else None,
+        "sent_rate_rps": (sent - 1) / (started[-1] - started[0]) if sent > 1 else None,
         "ttft_p50": ttft_p50,
         "ttft_p99": of(lambda r: r["time_to_first_token_ms"], 99),
         "tpot_p50": of(lambda r: r["inter_token_latency_ms"], 50),
@@ -186,6 +198,7 @@ def _figures_table(rows: Sequence[dict[str, Any]]) -> str:
         "round",
         "sent",
         "completed",
+        "req/s sent",
         "req/s at the server",
         "TTFT p50",
         "TTFT p99",
@@ -202,6 +215,7 @@ def _figures_table(rows: Sequence[dict[str, Any]]) -> str:
             str(r["round"]),
             str(r["sent"]),
             str(r["completed"]),
+            _fmt(r["sent_rate_rps"]),
             _fmt(r["wire_rate_rps"]),
             _fmt(r["ttft_p50"]),
             _fmt(r["ttft_p99"]),
@@ -298,13 +312,14 @@ def page(raw_path: Path) -> str:
         '(guidellm calls this ITL; its own "TPOT" divides by all tokens and includes the '
         "TTFT). ITL p50: inferwire's median gap between chunks; guidellm records no gaps, "
         "only each request's mean, so its column repeats TPOT. E2E: inferwire from the "
-        "intended send, guidellm from the actual send. Achieved req/s: inferwire's sent "
-        "schedule (its lag column says how late it kept it); guidellm's from the actual start "
-        "times of every request it started. Own lag: inferwire's queue wait (intended time "
-        "to start); guidellm's dispatch delay (`request_start - targeted_start`). Client "
-        "CPU: user + system of the tool's whole process tree, over the measured run (from "
-        "the first request's start to the last one's end; inferwire: its own report's "
-        "figure) and over the whole process (start-up and exit included), per request sent.",
+        "intended send, guidellm from the actual send. Req/s sent: (requests - 1) over the "
+        "span of the tool's own actual send times; at the server: the same over the times the "
+        "relay saw the requests arrive (one clock for both). Own lag: inferwire's queue wait "
+        "(intended time to start); guidellm's dispatch delay "
+        "(`request_start - targeted_start`). Client CPU: user + system of the tool's whole "
+        "process tree, over the measured run (from the first request's start to the last "
+        "one's end; inferwire: its own report's figure) and over the whole process (start-up "
+        "and exit included), per request sent.",
         "",
         _figures_table(order),
         "",
