@@ -18,7 +18,9 @@ from inferwire.bench.report import load_agreement as la
 T0 = 1_800_000_000.0  # a Unix time
 
 
-def _request(index: int, *, lag_s: float, ttft_s: float, targeted: float | None = None) -> dict:
+def _request(
+    index: int, *, lag_s: float, ttft_s: float, targeted: float | None = None
+) -> dict[str, Any]:
     """A guidellm request of its JSON output: 256 tokens 10 ms apart."""
     target = T0 + index * 0.1 if targeted is None else targeted
     start = (T0 + index * 0.1) + lag_s
@@ -70,7 +72,7 @@ def _guidellm_output() -> dict[str, Any]:
     }
 
 
-def _inferwire_report(*, ttft_p50: float, queue_wait_p50: float, tpot_p50: float) -> dict:
+def _inferwire_report(*, ttft_p50: float, queue_wait_p50: float, tpot_p50: float) -> dict[str, Any]:
     def h(p50: float) -> dict[str, float]:
         return {"p50_ms": p50, "p99_ms": p50 * 1.5}
 
@@ -218,7 +220,7 @@ def test_stream_tap_times_each_exchange_of_a_connection() -> None:
     import asyncio
     import time
 
-    from inferwire.bench.loadgen.stream_tap import StreamTap
+    from inferwire.bench.loadgen.stream_tap import Exchange, StreamTap
 
     delay_s = 0.05
 
@@ -256,7 +258,7 @@ def test_stream_tap_times_each_exchange_of_a_connection() -> None:
         writer.close()
         await writer.wait_closed()
 
-    async def main() -> list:
+    async def main() -> list[Exchange]:
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         with StreamTap("127.0.0.1", port) as tap:
