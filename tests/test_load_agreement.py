@@ -14,6 +14,7 @@ import pytest
 
 from inferwire.bench.loadgen import guidellm_compare as gc
 from inferwire.bench.report import load_agreement as la
+from inferwire.bench.report import load_agreement_figures as laf
 
 T0 = 1_800_000_000.0  # a Unix time
 
@@ -97,13 +98,16 @@ def _inferwire_report(*, ttft_p50: float, queue_wait_p50: float, tpot_p50: float
 def _raw(tmp_path: Path, ttft_p50: float) -> Path:
     digest = gc.guidellm_digest(_guidellm_output())
     samples = [[T0 - 5, 0.0], [T0 + 20, 25.0]]  # 1 CPU second per second
-    # the relay: a GET (no events), then streams whose first event is 20 ms after the request
-    wire = [[T0 - 1, 0.0, 0.0]] + [[T0 + i * 0.1, T0 + i * 0.1 + 0.02, T0 + 3] for i in range(100)]
-    warmup = [[T0 - 2, T0 - 1.5, T0 - 1.0]] * 8  # inferwire's: 500 ms, to be left out
+    # the relay: a GET (no events), then streams written in 1 ms, first event 20 ms after
+    wire = [[T0 - 1, T0 - 1, 0.0, 0.0]] + [
+        [T0 + i * 0.1, T0 + i * 0.1 + 0.001, T0 + i * 0.1 + 0.021, T0 + 3] for i in range(100)
+    ]
+    # inferwire's warm-up: more than the measured streams, 500 ms each, to be left out
+    warmup = [[T0 - 2, T0 - 2, T0 - 1.5, T0 - 1.0]] * 120
     runs = []
     for round_index in range(2):
         report = _inferwire_report(ttft_p50=ttft_p50, queue_wait_p50=1.0, tpot_p50=10.0)
-        report["parameters"] = {"warmup_requests": 8}
+        report["parameters"] = {"warmup_requests": 120}
         # per-request records: 1.5 ms of queue wait each (the histogram's p50 says 1.0)
         records = [[i * 0.1, 1.5, True, ttft_p50, 10.0, 2600.0, 256] for i in range(100)]
         runs.append(
@@ -114,6 +118,7 @@ def _raw(tmp_path: Path, ttft_p50: float) -> Path:
                 "request_columns": list(gc.INFERWIRE_COLUMNS),
                 "requests": records,
                 "process_cpu_s": 1.0,
+                "wire_columns": list(gc.WIRE_COLUMNS),
                 "wire": warmup + wire,
             }
         )
@@ -124,6 +129,7 @@ def _raw(tmp_path: Path, ttft_p50: float) -> Path:
                 "digest": digest,
                 "cpu_samples": samples,
                 "process_cpu_s": 30.0,
+                "wire_columns": list(gc.WIRE_COLUMNS),
                 "wire": wire,
             }
         )
@@ -152,7 +158,7 @@ def test_digest_keeps_every_request_and_drops_the_rest() -> None:
 
 def test_guidellm_figures_come_from_its_timings(tmp_path: Path) -> None:
     raw = json.loads(_raw(tmp_path, ttft_p50=22.0).read_text())
-    row = la.guidellm_row(raw["runs"][1])
+    row = laf.guidellm_row(raw["runs"][1])
     assert row["sent"] == 101
     assert row["completed"] == 100
     assert row["lag_invalid"] == 1  # the request scheduled at -0.9 s
@@ -160,6 +166,7 @@ def test_guidellm_figures_come_from_its_timings(tmp_path: Path) -> None:
     assert row["ttft_p50"] == pytest.approx(21.0)
     assert row["ttft_from_target_p50"] == pytest.approx(25.0, abs=1e-3)
     assert row["tpot_p50"] == pytest.approx(10.0)
+    assert row["distinct_gaps"] == (1, 98)  # every scheduled gap 100 ms: one value
     # 101 starts 0.1 s apart but the first (sent on time from -0.9): 100 gaps in 10.004 s
     assert row["rate_rps"] == pytest.approx(100 / 10.004, rel=1e-6)
     # one CPU second per wall second over the window from the first start to the last end
@@ -169,11 +176,12 @@ def test_guidellm_figures_come_from_its_timings(tmp_path: Path) -> None:
 
 def test_wire_figures_leave_out_the_warm_up_and_requests_without_events(tmp_path: Path) -> None:
     raw = json.loads(_raw(tmp_path, ttft_p50=22.0).read_text())
-    ours, theirs = la.inferwire_row(raw["runs"][0]), la.guidellm_row(raw["runs"][1])
+    ours, theirs = laf.inferwire_row(raw["runs"][0]), laf.guidellm_row(raw["runs"][1])
     for row in (ours, theirs):
         assert row["wire_streams"] == 100
-        assert row["wire_ttft_p50"] == pytest.approx(20.0, abs=1e-3)
-        assert row["wire_ttft_p99"] == pytest.approx(20.0, abs=1e-3)
+        assert row["wire_ttft_p50"] == pytest.approx(21.0, abs=1e-3)
+        assert row["wire_write_p50"] == pytest.approx(1.0, abs=1e-3)
+        assert row["wire_server_p50"] == pytest.approx(20.0, abs=1e-3)
         assert row["wire_rate_rps"] == pytest.approx(10.0)
     # inferwire: 22 ms from the intended send, 1.5 ms of it its own queue wait (per request)
     assert ours["ttft_from_send_p50"] == pytest.approx(20.5)
@@ -234,6 +242,8 @@ def test_stream_tap_times_each_exchange_of_a_connection() -> None:
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while head := await reader.readuntil(b"\r\n\r\n"):
+            if b"content-length: 2" in head:
+                await reader.readexactly(2)
             if head.startswith(b"GET"):
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
                 await writer.drain()
@@ -253,7 +263,11 @@ def test_stream_tap_times_each_exchange_of_a_connection() -> None:
         writer.write(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
         await reader.readexactly(len(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"))
         for _ in range(2):
-            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\r\n")
+            # the headers, then the body apart, as httpx may write them
+            writer.write(b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(delay_s)
+            writer.write(b"{}")
             await reader.readuntil(b"0\r\n\r\n")
         writer.close()
         await writer.wait_closed()
@@ -274,7 +288,9 @@ def test_stream_tap_times_each_exchange_of_a_connection() -> None:
     get, first, second = asyncio.run(main())
     assert get.first_event_out == 0.0  # answered, but not a stream
     assert get.done_out == 0.0
+    assert get.request_whole >= get.request_in
     for stream in (first, second):
-        assert stream.first_event_out - stream.request_in >= delay_s
+        assert stream.request_whole - stream.request_in >= delay_s  # the body came late
+        assert stream.first_event_out - stream.request_whole >= delay_s
         assert stream.done_out >= stream.first_event_out
     assert second.request_in >= first.done_out

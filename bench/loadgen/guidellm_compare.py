@@ -86,6 +86,15 @@ GUIDELLM_METRICS: Final = (
 )
 
 
+WIRE_COLUMNS: Final = ("request_in", "request_whole", "first_event_out", "done_out")
+"""One row per request the relay saw (:class:`~.stream_tap.Exchange`), in this order."""
+
+
+def server_process_cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
 class CompareError(Exception):
     """A tool failed or wrote nothing: the comparison has nothing to compare."""
 
@@ -295,6 +304,7 @@ def compare(spec: CompareSpec, *, guidellm: Path, tokenizer: Path, work: Path) -
             for tool in ("inferwire", "guidellm"):
                 print(f"round {round_index + 1}/{spec.rounds}: {tool}", flush=True)
                 load_before = os.getloadavg()
+                server_before = server_process_cpu_s(server.process.pid)
                 if tool == "inferwire":
                     run = run_inferwire(spec, round_index, url, server.process.pid, tokenizer, work)
                 else:
@@ -306,6 +316,8 @@ def compare(spec: CompareSpec, *, guidellm: Path, tokenizer: Path, work: Path) -
                         # the machine is shared: how busy it was (1, 5, 15 min averages)
                         "load_average_before": load_before,
                         "load_average_after": os.getloadavg(),
+                        # the server's CPU over the whole run: is it starved, or busier?
+                        "server_cpu_s": server_process_cpu_s(server.process.pid) - server_before,
                         # what the wire saw: request in, first event out, [DONE] out
                         "wire": [[e.request_in, e.first_event_out, e.done_out] for e in tap.take()],
                         **run,

@@ -2,7 +2,8 @@
 one clock, outside both tools, for what the wire saw.
 
 For every request on every connection it records, in Unix seconds (``time.time()``, the clock
-guidellm stamps with): when the request's first bytes reached the relay, when the first
+guidellm stamps with): when the request's first bytes reached the relay, when its last byte
+did (a client may write the headers and the body apart), when the first
 server-sent event (``data:``) of the answer passed back, and when ``data: [DONE]`` did. So
 ``first_event - request_in`` is the time to first token as the wire sees it, whatever each
 tool does before it writes and after it reads, and the requests' arrival times give the rate
@@ -32,6 +33,9 @@ class Exchange:
     """One request and its streamed answer, as the relay saw them (Unix seconds; 0: not seen)."""
 
     request_in: float
+    request_whole: float = 0.0
+    """When the last byte of the request (its headers' ``content-length``) passed: the
+    server can start on it only then."""
     first_event_out: float = 0.0
     done_out: float = 0.0
 
@@ -45,6 +49,22 @@ class _Connection:
     next request (a GET that ends without ``[DONE]`` included)."""
     tail: bytes = b""
     """The last bytes of the previous read, for a marker split across two reads."""
+    request_bytes: bytearray = field(default_factory=bytearray)
+    """The open request's bytes so far, until its length is known and reached."""
+
+
+def _request_whole(data: bytes | bytearray) -> bool:
+    """Whether ``data`` holds a whole HTTP/1.1 request: its headers and ``content-length``
+    bytes of body (neither tool sends a chunked request)."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return False
+    length = 0
+    for line in bytes(data[:end]).split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip() or 0)
+    return len(data) >= end + 4 + length
 
 
 class StreamTap:
@@ -130,6 +150,11 @@ class StreamTap:
                 c.exchanges.append(c.open)
                 c.answered = False
                 c.tail = b""
+                c.request_bytes.clear()
+            if not c.open.request_whole:
+                c.request_bytes += data
+                if _request_whole(c.request_bytes):
+                    c.open.request_whole = time.time()
             writer.write(data)
             await writer.drain()
 

@@ -18,178 +18,12 @@ within the larger round-to-round spread of TPOT p50 (or 1%, if larger).
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-import numpy as np
-
+from .load_agreement_figures import fmt, guidellm_row, inferwire_row, mean, verdicts
 from .tables import table
-
-UNIX_EPOCH_FLOOR_S: Final = 1e9
-"""A ``targeted_start`` below this (2001) is not a Unix time: guidellm's Poisson offset was
-read before it was set (see the page's note on it)."""
-TPOT_RELATIVE_TOLERANCE: Final = 0.01
-
-
-def _percentile(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
-
-
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
-
-
-def _interpolate(samples: Sequence[Sequence[float]], at: float) -> float:
-    """CPU seconds at wall time ``at`` from (time, seconds) samples, linear in between."""
-    times = [s[0] for s in samples]
-    values = [s[1] for s in samples]
-    return float(np.interp(at, times, values))
-
-
-def wire_figures(run: dict[str, Any], skip: int = 0) -> dict[str, float | None]:
-    """What the relay saw of a run's streams (after the first ``skip``, a warm-up): time to
-    the first event p50/p99 (ms) and the rate requests reached the server at."""
-    streams = [row for row in run.get("wire", []) if row[1]][skip:]
-    ttft = [1e3 * (first - start) for start, first, _ in streams]
-    starts = [row[0] for row in streams]
-    span_s = starts[-1] - starts[0] if len(starts) > 1 else 0.0
-    return {
-        "wire_ttft_p50": _percentile(ttft, 50),
-        "wire_ttft_p99": _percentile(ttft, 99),
-        "wire_rate_rps": (len(starts) - 1) / span_s if span_s else None,
-        "wire_streams": len(streams),
-    }
-
-
-def inferwire_row(run: dict[str, Any]) -> dict[str, Any]:
-    """The figures of one ``inferwire load`` round (its one point)."""
-    (point,) = run["report"]["points"]
-    sent = point["requests_completed"] + point["requests_failed"]
-    warmup = run["report"].get("parameters", {}).get("warmup_requests", 0)
-    columns = run.get("request_columns", [])
-    records = [dict(zip(columns, row, strict=True)) for row in run.get("requests", [])]
-    ok = [r for r in records if r["ok"] and r["ttft_ms"] is not None]
-    # per request when the records are there: the p50 of a difference, not a difference of p50s
-    from_send = (
-        _percentile([r["ttft_ms"] - r["queue_wait_ms"] for r in ok], 50)
-        if ok
-        else point["ttft"]["p50_ms"] - point["queue_wait"]["p50_ms"]
-    )
-    sends = sorted(r["intended_s"] + r["queue_wait_ms"] / 1e3 for r in records)
-    return {
-        **wire_figures(run, skip=warmup),
-        "load_average": run.get("load_average_after", [None])[0],
-        "cpu_cores": point["client_cpu_s"] / point["duration_s"] if point["duration_s"] else None,
-        "tool": "inferwire load",
-        "round": run["round"] + 1,
-        "sent": sent,
-        "completed": point["requests_completed"],
-        "rate_rps": point["offered_rate_rps"],
-        "ttft_p50": point["ttft"]["p50_ms"],
-        "ttft_p99": point["ttft"]["p99_ms"],
-        "tpot_p50": point["tpot"]["p50_ms"],
-        "itl_p50": point["itl_per_chunk"]["p50_ms"],
-        "e2e_p50": point["e2e"]["p50_ms"],
-        "lag_p50": point["queue_wait"]["p50_ms"],
-        "lag_p99": point["queue_wait"]["p99_ms"],
-        "cpu_ms_per_request": 1e3 * point["client_cpu_s"] / sent if sent else None,
-        "process_cpu_ms_per_request": 1e3 * run["process_cpu_s"] / sent if sent else None,
-        "lag_invalid": 0,
-        "ttft_from_send_p50": from_send,
-        "sent_rate_rps": (len(sends) - 1) / (sends[-1] - sends[0]) if len(sends) > 1 else None,
-    }
-
-
-def guidellm_row(run: dict[str, Any]) -> dict[str, Any]:
-    """The figures of one guidellm round, computed from its per-request timings (and its own
-    summary, for the reader to check against)."""
-    digest = run["digest"]
-    columns = digest["request_columns"]
-    rows = [dict(zip(columns, row, strict=True)) for row in digest["requests"]]
-    ok = [r for r in rows if r["status"] == "successful"]
-    started = sorted(r["request_start"] for r in rows if r["request_start"] is not None)
-    valid = [r for r in ok if r["targeted_start"] >= UNIX_EPOCH_FLOOR_S]
-
-    def of(values: Callable[[dict[str, Any]], float | None], q: float) -> float | None:
-        found = [v for r in ok if (v := values(r)) is not None]
-        return _percentile(found, q)
-
-    def lag_ms(r: dict[str, Any]) -> float:
-        return 1e3 * (float(r["request_start"]) - float(r["targeted_start"]))
-
-    lags = [lag_ms(r) for r in valid]
-    window_start = started[0] if started else 0.0
-    window_end = max((r["request_end"] or 0.0) for r in rows) if rows else 0.0
-    samples = run["cpu_samples"]
-    window_cpu_s = _interpolate(samples, window_end) - _interpolate(samples, window_start)
-    sent = len(started)
-    ttft_p50 = of(lambda r: r["time_to_first_token_ms"], 50)
-    return {
-        **wire_figures(run),
-        "load_average": run.get("load_average_after", [None])[0],
-        "cpu_cores": window_cpu_s / (window_end - window_start)
-        if window_end > window_start
-        else None,
-        "ttft_from_send_p50": ttft_p50,
-        "tool": f"guidellm {digest['guidellm_version']}",
-        "round": run["round"] + 1,
-        "sent": sent,
-        "completed": len(ok),
-        "rate_rps": (sent - 1) / (started[-1] - started[0]) if sent > 1 else None,
-        "sent_rate_rps": (sent - 1) / (started[-1] - started[0]) if sent > 1 else None,
-        "ttft_p50": ttft_p50,
-        "ttft_p99": of(lambda r: r["time_to_first_token_ms"], 99),
-        "tpot_p50": of(lambda r: r["inter_token_latency_ms"], 50),
-        "itl_p50": of(lambda r: r["inter_token_latency_ms"], 50),
-        "e2e_p50": of(lambda r: 1e3 * r["request_latency"], 50),
-        "lag_p50": _percentile(lags, 50),
-        "lag_p99": _percentile(lags, 99),
-        "lag_invalid": len(ok) - len(valid),
-        "ttft_from_target_p50": _percentile(
-            [1e3 * (r["first_token_iteration"] - r["targeted_start"]) for r in valid], 50
-        ),
-        "own_ttft_p50": digest["metrics"]["time_to_first_token_ms"]["percentiles"]["p50"],
-        "own_itl_p50": digest["metrics"]["inter_token_latency_ms"]["percentiles"]["p50"],
-        "own_tpot_p50": digest["metrics"]["time_per_output_token_ms"]["percentiles"]["p50"],
-        "own_rps": digest["metrics"]["requests_per_second"]["mean"],
-        "strategy": digest["strategy"],
-        "cpu_ms_per_request": 1e3 * window_cpu_s / sent if sent else None,
-        "process_cpu_ms_per_request": 1e3 * run["process_cpu_s"] / sent if sent else None,
-    }
-
-
-def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    return sum(values) / len(values) if values else None
-
-
-def _spread(rows: Sequence[dict[str, Any]], key: str) -> float:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    return max(values) - min(values) if values else 0.0
-
-
-def verdicts(ours: Sequence[dict[str, Any]], theirs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The agreement checks of the module docstring, on the means over rounds."""
-    ttft_gap = (_mean(ours, "ttft_p50") or 0.0) - (_mean(theirs, "ttft_p50") or 0.0)
-    clock = _mean(ours, "lag_p50") or 0.0
-    ttft_noise = max(_spread(ours, "ttft_p50"), _spread(theirs, "ttft_p50"))
-    tpot_ours = _mean(ours, "tpot_p50") or 0.0
-    tpot_gap = tpot_ours - (_mean(theirs, "tpot_p50") or 0.0)
-    tpot_noise = max(
-        _spread(ours, "tpot_p50"), _spread(theirs, "tpot_p50"), TPOT_RELATIVE_TOLERANCE * tpot_ours
-    )
-    return {
-        "ttft_gap": ttft_gap,
-        "clock": clock,
-        "ttft_noise": ttft_noise,
-        "ttft_residual": ttft_gap - clock,
-        "ttft_agrees": abs(ttft_gap) <= clock + ttft_noise,
-        "tpot_gap": tpot_gap,
-        "tpot_noise": tpot_noise,
-        "tpot_agrees": abs(tpot_gap) <= tpot_noise,
-    }
 
 
 def _figures_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -215,45 +49,49 @@ def _figures_table(rows: Sequence[dict[str, Any]]) -> str:
             str(r["round"]),
             str(r["sent"]),
             str(r["completed"]),
-            _fmt(r["sent_rate_rps"]),
-            _fmt(r["wire_rate_rps"]),
-            _fmt(r["ttft_p50"]),
-            _fmt(r["ttft_p99"]),
-            _fmt(r["tpot_p50"], 3),
-            _fmt(r["itl_p50"], 3),
-            _fmt(r["e2e_p50"], 1),
-            f"{_fmt(r['lag_p50'])} / {_fmt(r['lag_p99'])}",
-            f"{_fmt(r['cpu_ms_per_request'])} / {_fmt(r['process_cpu_ms_per_request'])}",
-            _fmt(r["load_average"], 1),
+            fmt(r["sent_rate_rps"]),
+            fmt(r["wire_rate_rps"]),
+            fmt(r["ttft_p50"]),
+            fmt(r["ttft_p99"]),
+            fmt(r["tpot_p50"], 3),
+            fmt(r["itl_p50"], 3),
+            fmt(r["e2e_p50"], 1),
+            f"{fmt(r['lag_p50'])} / {fmt(r['lag_p99'])}",
+            f"{fmt(r['cpu_ms_per_request'])} / {fmt(r['process_cpu_ms_per_request'])}",
+            fmt(r["load_average"], 1),
         ]
         for r in rows
     ]
     return table(header, body, left=(0,))
 
 
-def _gap_table(rows: Sequence[dict[str, Any]], prefill_ms: float) -> str:
+def _gap_table(rows: Sequence[dict[str, Any]]) -> str:
     header = [
         "tool",
         "round",
         "TTFT p50 as reported",
         "own lag p50",
         "TTFT p50 from the actual send",
-        "TTFT p50 at the wire",
+        "at the wire: request written",
+        "at the wire: server to first event",
+        "at the wire: first byte to first event",
         "client's share",
-        "the server's pacing",
         "client CPU, cores busy",
+        "server CPU ms/request",
     ]
     body = [
         [
             r["tool"],
             str(r["round"]),
-            _fmt(r["ttft_p50"]),
-            _fmt(r["lag_p50"]),
-            _fmt(r["ttft_from_send_p50"]),
-            _fmt(r["wire_ttft_p50"]),
-            _fmt(r["client_share"]),
-            _fmt(prefill_ms),
-            _fmt(r["cpu_cores"]),
+            fmt(r["ttft_p50"]),
+            fmt(r["lag_p50"]),
+            fmt(r["ttft_from_send_p50"]),
+            fmt(r["wire_write_p50"]),
+            fmt(r["wire_server_p50"]),
+            fmt(r["wire_ttft_p50"]),
+            fmt(r["client_share"]),
+            fmt(r["cpu_cores"]),
+            fmt(r["server_cpu_ms_per_request"]),
         ]
         for r in rows
     ]
@@ -326,9 +164,9 @@ def page(raw_path: Path) -> str:
         "guidellm's own summaries of the same runs (successful requests), for checking the "
         "computation above: "
         + "; ".join(
-            f"round {r['round']}: TTFT p50 {_fmt(r['own_ttft_p50'])}, ITL p50 "
-            f"{_fmt(r['own_itl_p50'], 3)}, its TPOT p50 {_fmt(r['own_tpot_p50'], 3)}, "
-            f"{_fmt(r['own_rps'])} successful req/s ({r['strategy']['worker_count']} worker "
+            f"round {r['round']}: TTFT p50 {fmt(r['own_ttft_p50'])}, ITL p50 "
+            f"{fmt(r['own_itl_p50'], 3)}, its TPOT p50 {fmt(r['own_tpot_p50'], 3)}, "
+            f"{fmt(r['own_rps'])} successful req/s ({r['strategy']['worker_count']} worker "
             "processes)"
             for r in theirs
         )
@@ -336,55 +174,84 @@ def page(raw_path: Path) -> str:
         "",
         "## Agreement",
         "",
-        f"- **TPOT p50**: inferwire {_fmt(_mean(ours, 'tpot_p50'), 3)}, guidellm "
-        f"{_fmt(_mean(theirs, 'tpot_p50'), 3)} (means over rounds): a difference of "
-        f"{_fmt(v['tpot_gap'], 3)} ms against a tolerance of {_fmt(v['tpot_noise'], 3)} ms "
+        f"- **TPOT p50**: inferwire {fmt(mean(ours, 'tpot_p50'), 3)}, guidellm "
+        f"{fmt(mean(theirs, 'tpot_p50'), 3)} (means over rounds): a difference of "
+        f"{fmt(v['tpot_gap'], 3)} ms against a tolerance of {fmt(v['tpot_noise'], 3)} ms "
         f"(the larger round-to-round spread, or 1%): "
         f"**{'agree' if v['tpot_agrees'] else 'disagree'}**.",
-        f"- **TTFT p50**: inferwire {_fmt(_mean(ours, 'ttft_p50'))}, guidellm "
-        f"{_fmt(_mean(theirs, 'ttft_p50'))}: a gap of {_fmt(v['ttft_gap'])} ms. The measured "
-        f"difference of their clocks is inferwire's queue wait p50, {_fmt(v['clock'])} ms (time "
+        f"- **TTFT p50**: inferwire {fmt(mean(ours, 'ttft_p50'))}, guidellm "
+        f"{fmt(mean(theirs, 'ttft_p50'))}: a gap of {fmt(v['ttft_gap'])} ms. The measured "
+        f"difference of their clocks is inferwire's queue wait p50, {fmt(v['clock'])} ms (time "
         "that inferwire counts and guidellm's clock leaves out); the round-to-round noise of "
-        f"TTFT p50 is {_fmt(v['ttft_noise'])} ms. |gap| <= clock difference + noise: "
+        f"TTFT p50 is {fmt(v['ttft_noise'])} ms. |gap| <= clock difference + noise: "
         f"**{'agree' if v['ttft_agrees'] else 'disagree'}**; the gap left once the clock "
-        f"difference is taken off: {_fmt(v['ttft_residual'])} ms.",
+        f"difference is taken off: {fmt(v['ttft_residual'])} ms.",
         "- **Measured from the same origin** (the intended send time): guidellm's TTFT plus "
         "its own dispatch delay, per request (`first_token - targeted_start`), has p50 "
-        + ", ".join(f"{_fmt(r['ttft_from_target_p50'])}" for r in theirs)
+        + ", ".join(f"{fmt(r['ttft_from_target_p50'])}" for r in theirs)
         + " (rounds in order), beside inferwire's "
-        + ", ".join(f"{_fmt(r['ttft_p50'])}" for r in ours)
+        + ", ".join(f"{fmt(r['ttft_p50'])}" for r in ours)
         + ".",
         "",
         "## Where the TTFT gap comes from",
         "",
-        "The same relay sits in front of the server for both tools (`stream_tap`: it stamps "
-        "when a request's first bytes reach it and when the first event of its answer passes "
-        'back), so "at the wire" is one clock for both, outside both. A tool\'s TTFT from '
-        "its actual send, less the wire's, is the time spent in the client: writing the "
-        "request after the clock started, and reading, parsing and handing over the first "
-        "event. Cores busy: the tool's client CPU seconds per second of its run.",
+        'One relay sits in front of the server for both tools (`stream_tap`), so "at the '
+        "wire\" is one clock for both, outside both. It stamps a request's first byte, its "
+        "last byte (headers and body may be written apart), and the first event of the "
+        "answer. So a tool's TTFT from its actual send splits into: the request being "
+        "written (first to last byte at the relay), the server (last request byte to first "
+        "event: its pacing, loopback, and any wait for the CPU), and the client's share (the "
+        "tool's TTFT from its actual send less first byte to first event at the wire: its "
+        "reading and parsing of the first event, and any time between its clock's start and "
+        "its first byte). Cores busy: the tool's client CPU seconds per second of its run; "
+        "server CPU: the server process's CPU time over the tool's whole run, per request "
+        "sent.",
         "",
-        _gap_table(order, floor_ms),
+        _gap_table(order),
         "",
-        "- the client's share, means over rounds: inferwire "
-        f"{_fmt(_mean(ours, 'client_share'))} ms, guidellm "
-        f"{_fmt(_mean(theirs, 'client_share'))} ms; the wire's TTFT p50 under each: "
-        f"{_fmt(_mean(ours, 'wire_ttft_p50'))} and {_fmt(_mean(theirs, 'wire_ttft_p50'))} ms "
-        f"(the server's pacing: {floor_ms:g} ms).",
+        f"- means over rounds, inferwire / guidellm: TTFT p50 from the actual send "
+        f"{fmt(mean(ours, 'ttft_from_send_p50'))} / {fmt(mean(theirs, 'ttft_from_send_p50'))}"
+        f" ms = request written {fmt(mean(ours, 'wire_write_p50'))} / "
+        f"{fmt(mean(theirs, 'wire_write_p50'))} + server to first event "
+        f"{fmt(mean(ours, 'wire_server_p50'))} / {fmt(mean(theirs, 'wire_server_p50'))} "
+        f"+ client's share {fmt(mean(ours, 'client_share'))} / "
+        f"{fmt(mean(theirs, 'client_share'))} (p50s of each part, so the sum is near, not "
+        f"exact). The server's pacing is {floor_ms:g} ms; client CPU, cores busy: "
+        f"{fmt(mean(ours, 'cpu_cores'))} / {fmt(mean(theirs, 'cpu_cores'))} on a machine "
+        f"of {machine.get('cpus', '?')}.",
         "",
         "## Notes",
         "",
         "- guidellm's dispatch delay (p50 / p99 per round: "
-        + "; ".join(f"{_fmt(r['lag_p50'])} / {_fmt(r['lag_p99'])}" for r in theirs)
+        + "; ".join(f"{fmt(r['lag_p50'])} / {fmt(r['lag_p99'])}" for r in theirs)
         + " ms) is the lateness its TTFT and E2E leave out: a request that leaves late is "
-        "timed as if it had been on time.",
-        f"- {invalid} successful guidellm request(s) over all rounds carry a `targeted_start` "
-        "that is not a Unix time. When this happens (it is a race): the Poisson strategy's "
-        "shared offset starts at -1.0 and its start event is set before the offset is written "
-        "(`guidellm/scheduler/strategies.py`, `AsyncPoissonStrategy.init_processes_start`), so "
-        "a worker that draws first schedules from -1 s and sends at once, before the "
-        "benchmark's start. Such requests are left out of the dispatch-delay figures, kept in "
-        "the rest.",
+        "timed as if it had been on time; from its intended time, its TTFT p50 would be the "
+        'figure in "Measured from the same origin" above.',
+        "- guidellm's Poisson schedule repeats each random gap once per worker process: of "
+        + "; ".join(
+            f"{r['distinct_gaps'][1]} gaps between scheduled send times in round {r['round']}, "
+            f"{r['distinct_gaps'][0]} distinct"
+            for r in theirs
+        )
+        + " (to the microsecond). Each of its "
+        + ", ".join(sorted({str(r["strategy"]["worker_count"]) for r in theirs}))
+        + " worker processes seeds its own `random.Random` with the same seed and adds its "
+        "draw to one shared offset (`AsyncPoissonStrategy.next_request_time`), so a run has "
+        "a tenth of the independent draws it should, and its request count varies like it: "
+        'the "req/s sent" column. inferwire draws one schedule (numpy, seeded) before the '
+        "run.",
+        f"- {invalid} successful guidellm request(s) over all rounds carried a "
+        "`targeted_start` that is not a Unix time"
+        + (
+            " (a race: the Poisson strategy's shared offset starts at -1.0 and its start event "
+            "is set before the offset is written, `AsyncPoissonStrategy.init_processes_start`, "
+            "so a worker that draws first schedules from -1 s and sends at once, before the "
+            "benchmark's start); they are left out of the dispatch-delay figures, kept in the "
+            "rest."
+            if invalid
+            else " (a race in its Poisson start that sends a burst before the benchmark's "
+            "start, seen in trial runs; not in these)."
+        ),
         "- guidellm stops at its duration and cancels what is in flight (its `incomplete` "
         "requests: about the last E2E's worth of arrivals); inferwire lets the requests of "
         "its schedule finish. So `completed` differs by design; the percentiles are over "
