@@ -318,8 +318,9 @@ def compare(spec: CompareSpec, *, guidellm: Path, tokenizer: Path, work: Path) -
                         "load_average_after": os.getloadavg(),
                         # the server's CPU over the whole run: is it starved, or busier?
                         "server_cpu_s": server_process_cpu_s(server.process.pid) - server_before,
-                        # what the wire saw: request in, first event out, [DONE] out
-                        "wire": [[e.request_in, e.first_event_out, e.done_out] for e in tap.take()],
+                        # what the wire saw, one row a request
+                        "wire_columns": list(WIRE_COLUMNS),
+                        "wire": [[getattr(e, name) for name in WIRE_COLUMNS] for e in tap.take()],
                         **run,
                     }
                 )

@@ -112,6 +112,8 @@ def page(raw_path: Path) -> str:
     floor_ms = spec["prefill_ms"]
     ideal_e2e_ms = spec["prefill_ms"] + spec["decode_ms"] * (spec["output_tokens"] - 1)
     invalid = sum(r["lag_invalid"] for r in theirs)
+    server_diff = (mean(theirs, "wire_server_p50") or 0.0) - (mean(ours, "wire_server_p50") or 0.0)
+    client_diff = (mean(theirs, "client_share") or 0.0) - (mean(ours, "client_share") or 0.0)
     lines = [
         "# `inferwire load` beside guidellm: agreement on one server",
         "",
@@ -135,6 +137,8 @@ def page(raw_path: Path) -> str:
         "- `inferwire load --url URL --api openai-chat`; guidellm `run` with the `openai_http` "
         "backend (chat completions, HTTP/1.1, `validate_backend=false`: the server has no "
         "`/health` route), `--profile kind=poisson`, `--constraint kind=max_duration`.",
+        "- both reach the server through one timestamping relay (`stream_tap`, one more "
+        "loopback hop for each), the outside clock of the last section.",
         "",
         "## Ground truth",
         "",
@@ -219,6 +223,15 @@ def page(raw_path: Path) -> str:
         f"exact). The server's pacing is {floor_ms:g} ms; client CPU, cores busy: "
         f"{fmt(mean(ours, 'cpu_cores'))} / {fmt(mean(theirs, 'cpu_cores'))} on a machine "
         f"of {machine.get('cpus', '?')}.",
+        "- the TTFT gap once the clock difference is taken off, "
+        f"{fmt(v['ttft_residual'])} ms, against what the wire shows: the server answered "
+        f"{fmt(server_diff)} ms slower (last request byte to first event) during guidellm's "
+        f"runs than during inferwire's, and guidellm's own share on its side of the socket "
+        f"is {fmt(client_diff)} ms larger; together {fmt(server_diff + client_diff)} ms. The "
+        "server and the relay share the machine's cores with the client under test, so a "
+        "client that keeps more of them busy slows the server it measures; on a machine "
+        "with cores to spare the server's part should converge, and only the client's share "
+        "would stay.",
         "",
         "## Notes",
         "",
