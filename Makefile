@@ -83,3 +83,23 @@ regen: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache .benchmarks
+
+# Opt-in, not part of `make test`: `inferwire load` beside guidellm on one inferwire server
+# (results/load-agreement.md). guidellm brings torch and CUDA libraries (about 6 GB), so it gets
+# an environment of its own, pinned to the version whose JSON the comparison reads; it runs
+# offline with a small tokenizer built from the project's vocabulary.
+GUIDELLM_VENV := .venv-guidellm
+GUIDELLM_STAMP := $(GUIDELLM_VENV)/.installed
+
+.PHONY: compare-guidellm
+
+$(GUIDELLM_STAMP):
+	$(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GUIDELLM_VENV)/bin/python -m pip install --quiet guidellm==0.8.1 tokenizers==0.23.3
+	touch $@
+
+compare-guidellm: $(STAMP) $(GUIDELLM_STAMP)
+	$(BIN)/python -m inferwire.bench.loadgen.local_tokenizer $(GUIDELLM_VENV)/tokenizer
+	$(BIN)/python -m inferwire.bench.loadgen.guidellm_compare \
+		--guidellm $(GUIDELLM_VENV)/bin/guidellm --tokenizer $(GUIDELLM_VENV)/tokenizer
