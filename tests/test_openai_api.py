@@ -477,6 +477,15 @@ def test_other_errors_are_openai_error_objects(
     assert error["code"] == status
 
 
+@pytest.mark.parametrize("transport", HTTP)
+def test_health_as_vllm_serves_it(processes: dict[str, ServerProcess], transport: str) -> None:
+    with _http_client(transport) as http:
+        response = http.get(f"http://{processes[transport].address}/health")
+        refused = http.post(f"http://{processes[transport].address}/health")
+    assert (response.status_code, response.content) == (200, b"")
+    assert refused.status_code == 404
+
+
 PARSE_ERRORS = [
     pytest.param({"messages": "hi"}, 400, "messages", id="messages-not-a-list"),
     pytest.param({"messages": [{"role": "robot"}]}, 400, "messages[0]", id="unknown-role"),

@@ -7,6 +7,7 @@ POST     /v1/chat/completions            the OpenAI API as vLLM serves it
 POST     /v1/completions                 (:mod:`inferwire.transports.openai_api`):
 GET      /v1/models                      completions streamed (SSE, or the codec's
 GET      /v1/models/{id}                 frames by ``Accept``) and not, the models
+GET      /health                         200, empty: vLLM's liveness route
 *        /v2, /v2/...                    KServe v2 / Open Inference Protocol
                                          (:mod:`inferwire.transports.kserve_http`)
 GET      /schemas/ids/{id}               a schema of the registry (Confluent's paths)
@@ -77,6 +78,8 @@ class HttpApp:
             return self.kserve.handle(method, path, headers, body)
         if method != "GET":
             return error(404, f"no route {path}")
+        if path == "/health":  # vLLM's liveness route, which load tools (guidellm) check first
+            return Response(200, "text/plain; charset=utf-8")
         match = _SCHEMA_PATH.fullmatch(path)
         if match and self.registry is not None:
             return self._schema(int(match.group(1)))
