@@ -3,6 +3,7 @@ generator's own capacity, and its target row."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -133,4 +134,30 @@ def section(raw_dir: Path) -> str:
             ),
             "",
         ]
+    parts += _agreement(raw_dir)
     return "\n".join(parts)
+
+
+def _agreement(raw_dir: Path) -> list[str]:
+    """A pointer to ``load-agreement.md`` (``make compare-guidellm``) with its two verdicts,
+    when the run has one."""
+    raw_path = raw_dir / "load-agreement.json"
+    if not raw_path.is_file():
+        return []
+    from .load_agreement_figures import guidellm_row, inferwire_row, verdicts
+
+    raw = json.loads(raw_path.read_text())
+    ours = [inferwire_row(r) for r in raw["runs"] if r["tool"] == "inferwire"]
+    theirs = [guidellm_row(r) for r in raw["runs"] if r["tool"] == "guidellm"]
+    v = verdicts(ours, theirs)
+    return [
+        "### Beside guidellm, on one server",
+        "",
+        f"[load-agreement.md](load-agreement.md) (`make compare-guidellm`, run {raw['started']}):"
+        f" TPOT P50 {'agrees' if v['tpot_agrees'] else 'disagrees'} ({v['tpot_gap']:+.3f} ms "
+        f"against a tolerance of {v['tpot_noise']:.3f}); TTFT P50 "
+        f"{'agrees' if v['ttft_agrees'] else 'disagrees'} ({v['ttft_gap']:+.1f} ms, of which "
+        f"{v['clock']:.1f} ms is the tools' different clocks), the gap taken apart there with a "
+        "relay's timestamps.",
+        "",
+    ]
