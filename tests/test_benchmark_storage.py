@@ -41,6 +41,8 @@ def _pytest(cwd: Path, *args: str) -> str:
             BENCHMARK,
             "-p",
             "no:cacheprovider",
+            "-p",
+            "no:xdist",  # this test may itself run under xdist, which disables benchmarks
             "--benchmark-max-time=0.001",
             "--benchmark-min-rounds=1",
             "--benchmark-warmup=off",
@@ -51,6 +53,7 @@ def _pytest(cwd: Path, *args: str) -> str:
         text=True,
         timeout=TIMEOUT_S,
         check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout + result.stderr
