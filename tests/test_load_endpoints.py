@@ -29,7 +29,7 @@ from inferwire.bench.loadgen.api_streams import (
 from inferwire.bench.loadgen.sse import SseError, SseEvent, SseReader
 from inferwire.bench.procs import server_process
 from inferwire.bench.runner import cli
-from inferwire.transports import ProtocolError, StreamTruncatedError
+from inferwire.transports import ConnectError, ProtocolError, StreamTruncatedError
 
 TINY = Path(__file__).with_name("tiny_openai_server.py")
 TTFT_MS = 60.0
@@ -428,3 +428,24 @@ def test_the_command_refuses_extra_body_that_is_not_an_object(
         cli.main(["load", "--url", "http://x", "--api", "openai-chat", "--extra-body", "[1]"])
     assert exited.value.code != 0
     assert "JSON object" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("api", "transport", "scheme", "model"),
+    [("openai-chat", "http1", "https", None), ("kserve-v2-grpc", "grpc", "grpcs", "stream-16")],
+)
+def test_tls_with_the_servers_ca_and_refused_without(
+    tmp_path: Path, api: str, transport: str, scheme: str, model: str | None
+) -> None:
+    with server_process.serve(transport, "orjson", "--tls") as server:
+        assert server.ca_pem is not None
+        ca = tmp_path / "ca.pem"
+        ca.write_bytes(server.ca_pem)
+        url = f"{scheme}://{server.address}"
+        trusted = _point(url, api, model, requests=4, max_tokens=4, ca_cert=str(ca))
+        if scheme == "https":
+            insecure = _point(url, api, model, requests=4, max_tokens=4, insecure=True)
+            assert insecure["requests_completed"] == 4, insecure["error_examples"]
+        with pytest.raises(ConnectError):  # the system's CAs do not know the test CA
+            _point(url, api, model, requests=4, max_tokens=4)
+    assert trusted["requests_completed"] == 4, trusted["error_examples"]

@@ -27,7 +27,13 @@ from google.protobuf import json_format
 from google.protobuf import message as protobuf_message
 
 from inferwire.schemas.kserve import inference_pb2 as kpb
-from inferwire.transports import ProtocolError, RemoteError
+from inferwire.transports import (
+    ConnectError,
+    ProtocolError,
+    RemoteError,
+    TransportError,
+    TransportTimeoutError,
+)
 
 from .api_streams import DONE, ApiChunk, ServerStreamError, perf_ns
 from .endpoints import Endpoint, PromptLike
@@ -112,6 +118,17 @@ def chunk_of(data: bytes) -> ApiChunk:
     )
 
 
+def _grpc_error(exc: grpc.aio.AioRpcError) -> TransportError:
+    """A failed call as the transports' errors: no connection (UNAVAILABLE: refused, TLS
+    refused) is a ConnectError, a deadline a timeout, anything else the server's answer."""
+    code = exc.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return ConnectError(f"grpc: {exc.details() or code.name}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return TransportTimeoutError(f"grpc: {exc.details() or code.name}")
+    return RemoteError(code.name, exc.details() or "")
+
+
 def _bytes_tensor(value: bytes) -> bytes:
     return struct.pack("<I", len(value)) + value
 
@@ -169,7 +186,7 @@ class KServeGrpcTarget:
         try:
             response = await call(request, metadata=self.metadata, timeout=self.endpoint.timeout_s)
         except grpc.aio.AioRpcError as exc:
-            raise RemoteError(exc.code().name, exc.details() or "") from exc
+            raise _grpc_error(exc) from exc
         return json_format.MessageToDict(response)
 
     async def describe(self) -> dict[str, Any]:
@@ -217,7 +234,7 @@ class KServeGrpcTarget:
             if not ended:  # a server that ignores the flag: the call's OK end is the stream's
                 yield DONE
         except grpc.aio.AioRpcError as exc:
-            raise RemoteError(exc.code().name, exc.details() or "") from exc
+            raise _grpc_error(exc) from exc
         finally:
             call.cancel()
 
