@@ -14,6 +14,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -264,3 +265,30 @@ async def read_http1_request(reader: asyncio.StreamReader) -> bytes:
         if name.strip().lower() == "content-length":
             length = int(value)
     return await reader.readexactly(length)
+
+
+@contextlib.contextmanager
+def thread_server(transport: str, service: it.SimulatedService) -> Iterator[str]:
+    """A real server on 127.0.0.1 with its own event loop in a thread: a stall there leaves
+    the caller's loop running, as a server in another process would."""
+    loop = asyncio.new_event_loop()
+    server = it.server_class(transport)(service, ic.get("orjson"))
+    started = threading.Event()
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(server.start())
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    assert started.wait(30)
+    assert server.address is not None
+    try:
+        yield f"{server.address[0]}:{server.address[1]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()

@@ -7,9 +7,8 @@ import asyncio
 import contextlib
 import json
 import math
-import threading
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,8 @@ from inferwire.bench.loadgen import openloop
 from inferwire.bench.loadgen.metrics import Histogram, Recorder, Slo
 from inferwire.bench.procs import server_process
 from inferwire.bench.runner import cli
-from inferwire.transports.tcp import TcpServer
 from inferwire.workloads import token_stream_source
+from tests.fault_helpers import thread_server
 
 STALL_S = 0.2
 
@@ -48,33 +47,6 @@ class StallingService(it.SimulatedService):
             async for batch in it_:
                 self.max_active = max(self.max_active, self.active_streams)
                 yield batch
-
-
-@contextlib.contextmanager
-def thread_server(service: it.SimulatedService) -> Iterator[str]:
-    """A tcp server with its own event loop in a thread: a stall there leaves the generator's
-    loop running, as a server in another process would."""
-    loop = asyncio.new_event_loop()
-    server = TcpServer(service, ic.get("orjson"))
-    started = threading.Event()
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(server.start())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=main, daemon=True)
-    thread.start()
-    assert started.wait(30)
-    assert server.address is not None
-    try:
-        yield f"{server.address[0]}:{server.address[1]}"
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
 
 
 async def _drive(
@@ -210,7 +182,7 @@ def test_a_stalling_server_shows_in_p99(concurrency: int | None) -> None:
     wait. Uncapped, they leave on time and wait at the server instead."""
     service = StallingService(every=200)
     spec = openloop.LoadSpec(workload="stream-16", duration_s=3.0, seed=5)
-    with thread_server(service) as address:
+    with thread_server("tcp", service) as address:
         point = asyncio.run(_drive(address, spec, rate_rps=200.0, concurrency=concurrency))
     print(json.dumps({k: point[k] for k in ("e2e", "ttft", "send_lag", "max_in_flight")}))
     assert point["requests_failed"] == 0, point["errors"]
@@ -226,7 +198,7 @@ def test_a_stalling_server_shows_in_p99(concurrency: int | None) -> None:
 def test_concurrency_cap_is_respected() -> None:
     service = StallingService(decode_s=0.001)  # 16 ms a stream
     spec = openloop.LoadSpec(workload="stream-16", duration_s=1.0, seed=6)
-    with thread_server(service) as address:
+    with thread_server("tcp", service) as address:
         point = asyncio.run(_drive(address, spec, rate_rps=500.0, concurrency=4))
     assert point["requests_failed"] == 0, point["errors"]
     assert _accounted(point)

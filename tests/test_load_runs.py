@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from inferwire.bench.loadgen import openloop
 from inferwire.bench.loadgen.metrics import Recorder, RequestRecord, Slo, Window
 from inferwire.bench.runner import cli
 from inferwire.workloads import token_stream_source
+from tests.fault_helpers import thread_server
 
 MS = 1_000_000
 
@@ -38,32 +38,6 @@ class CountingService(it.SimulatedService):
             async for batch in it_:
                 self.max_active = max(self.max_active, self.active_streams)
                 yield batch
-
-
-@contextlib.contextmanager
-def thread_server(transport: str, service: it.SimulatedService) -> Iterator[str]:
-    """A real server on 127.0.0.1 with its own event loop in a thread."""
-    loop = asyncio.new_event_loop()
-    server = it.server_class(transport)(service, ic.get("orjson"))
-    started = threading.Event()
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(server.start())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=main, daemon=True)
-    thread.start()
-    assert started.wait(30)
-    assert server.address is not None
-    try:
-        yield f"{server.address[0]}:{server.address[1]}"
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
-        loop.close()
 
 
 # -- warm-up and cool-down ----------------------------------------------------------------
