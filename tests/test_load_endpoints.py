@@ -449,3 +449,37 @@ def test_tls_with_the_servers_ca_and_refused_without(
         with pytest.raises(ConnectError):  # the system's CAs do not know the test CA
             _point(url, api, model, requests=4, max_tokens=4)
     assert trusted["requests_completed"] == 4, trusted["error_examples"]
+
+
+def _stream_response(raw: bytes, datatype: str = "BYTES") -> bytes:
+    from inferwire.schemas.kserve import inference_pb2 as kpb
+
+    message = kpb.ModelStreamInferResponse()
+    message.infer_response.outputs.add(name="text_output", datatype=datatype, shape=[1])
+    message.infer_response.raw_output_contents.append(raw)
+    return message.SerializeToString()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\xff\xff\xff",  # not a ModelStreamInferResponse
+        _stream_response(b"\x05\x00"),  # cut inside an element's length
+        _stream_response(b"\x09\x00\x00\x00abc"),  # an element longer than the bytes
+    ],
+    ids=["not-protobuf", "cut-length", "cut-element"],
+)
+def test_a_bad_grpc_response_is_a_protocol_error(data: bytes) -> None:
+    from inferwire.bench.loadgen.kserve_grpc_target import chunk_of
+
+    with pytest.raises(ProtocolError):
+        chunk_of(data)
+
+
+def test_a_grpc_response_with_an_error_message_fails_the_request() -> None:
+    from inferwire.bench.loadgen.kserve_grpc_target import chunk_of
+    from inferwire.schemas.kserve import inference_pb2 as kpb
+
+    with pytest.raises(ServerStreamError):
+        chunk_of(kpb.ModelStreamInferResponse(error_message="the model failed").SerializeToString())
+    assert chunk_of(_stream_response(b"\x02\x00\x00\x00hi")).text == "hi"
