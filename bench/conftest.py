@@ -4,17 +4,22 @@ GC: objects built before the timing (workloads, prepared messages) are frozen ou
 collector, and pytest-benchmark's ``--benchmark-disable-gc`` is on by default here, so a
 collection pass is never billed to one unlucky round. Each result's ``extra_info`` names the
 codec, the workload, the wire size and whether the round trip was correct.
+
+Calibration: a timed run measures two fixed workloads at its start, middle and end and reads
+the machine's CPU counters (:mod:`inferwire.bench.measure.calibration`); the JSON of the run
+records them under ``calibration``, with the run's stability verdict.
 """
 
 from __future__ import annotations
 
 import gc
 import platform
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
 
+from inferwire.bench.measure.calibration import Calibration
 from inferwire.bench.measure.versions import CORE_LIBRARIES, library_versions
 
 LIBRARIES = (*CORE_LIBRARIES, "pytest-benchmark")
@@ -40,6 +45,48 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_benchmark.utils import get_tag
 
         option.benchmark_autosave = get_tag()  # type: ignore[no-untyped-call]
+
+
+_CALIBRATION = pytest.StashKey[Calibration]()
+_MIDDLE = pytest.StashKey[int]()
+
+
+def _calibration(config: pytest.Config) -> Calibration | None:
+    return config.stash.get(_CALIBRATION, None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Generator[None, None, None]:
+    config = session.config
+    timed = not getattr(config.option, "benchmark_disable", True)
+    if timed and session.items and not config.option.collectonly:
+        calibration = Calibration()
+        calibration.point("start")
+        config.stash[_CALIBRATION] = calibration
+        config.stash[_MIDDLE] = len(session.items) // 2
+    yield
+    ended = _calibration(config)
+    if ended is not None:
+        ended.point("end")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    config = item.config
+    calibration = _calibration(config)
+    if calibration is None:
+        return
+    config.stash[_MIDDLE] -= 1
+    if config.stash[_MIDDLE] == 0:  # half the items have run
+        calibration.point("middle")
+
+
+def pytest_benchmark_update_json(
+    config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]
+) -> None:
+    calibration = _calibration(config)
+    if calibration is not None:
+        output_json["calibration"] = calibration.summary()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -11,8 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import claims, codecs, connections, faults, load, machine, peers, stages, transports
-from .results import TRANSPORTS_RAW, Result, codec_results
+from . import (
+    claims,
+    codecs,
+    connections,
+    faults,
+    load,
+    machine,
+    peers,
+    reproducibility,
+    stages,
+    transports,
+)
+from .results import CODECS_RAW, TRANSPORTS_RAW, Result, codec_results
 from .tables import table
 
 
@@ -21,6 +32,7 @@ def render(
     raw: dict[str, Any],
     transport_targets: list[list[str]] | None = None,
     transport_section: str = "",
+    machine_text: str = "",
 ) -> str:
     return "\n".join(
         [
@@ -77,10 +89,30 @@ def render(
             transport_section,
             "## Machine",
             "",
-            machine.machine_section(raw),
+            machine_text or machine.machine_section(raw),
             "",
         ]
     )
+
+
+def _results(raw_dir: Path) -> list[Result]:
+    path = raw_dir / CODECS_RAW
+    return codec_results(path)[0] if path.is_file() else []
+
+
+def _other_targets(raw_dir: Path) -> list[list[str]]:
+    """The target rows of every suite but the codecs', judged from ``raw_dir``'s files."""
+    rows, _ = transports.render_parts(raw_dir / TRANSPORTS_RAW)
+    return rows + peers.target_rows(raw_dir) + load.capacity_target_row(raw_dir)
+
+
+def target_rows(raw_dir: Path) -> list[list[str]]:
+    """Every target row judged from one run's files (a repeat's directory, or raw/)."""
+    return codecs.target_rows(_results(raw_dir)) + _other_targets(raw_dir)
+
+
+def claim_rows(raw_dir: Path) -> list[list[str]]:
+    return claims.rows(_results(raw_dir), raw_dir)
 
 
 def write(raw_path: Path, out_dir: Path) -> Path:
@@ -88,10 +120,9 @@ def write(raw_path: Path, out_dir: Path) -> Path:
     (``raw/codecs.json``; the other suites' files beside it)."""
     results, raw = codec_results(raw_path)
     raw_dir = raw_path.parent
-    transport_targets, transport_section = transports.render_parts(raw_dir / TRANSPORTS_RAW)
+    _, transport_section = transports.render_parts(raw_dir / TRANSPORTS_RAW)
     stages.plot(raw_dir, out_dir)
-    transport_targets += peers.target_rows(raw_dir)
-    transport_targets += load.capacity_target_row(raw_dir)
+    transport_targets = _other_targets(raw_dir)
     sections = [
         transport_section,
         connections.section(raw_dir),
@@ -100,9 +131,22 @@ def write(raw_path: Path, out_dir: Path) -> Path:
         peers.section(raw_dir),
         faults.section(raw_dir),
         claims.section(results, raw_dir),
+        reproducibility.section(
+            raw_dir,
+            codecs.target_rows(results) + transport_targets,
+            target_rows,
+            claims.rows(results, raw_dir),
+            claim_rows,
+        ),
     ]
     target = out_dir / "README.md"
     target.write_text(
-        render(results, raw, transport_targets, "\n".join(part for part in sections if part))
+        render(
+            results,
+            raw,
+            transport_targets,
+            "\n".join(part for part in sections if part),
+            machine.machine_section(raw, raw_dir),
+        )
     )
     return target

@@ -15,6 +15,10 @@ STAGES_RAW: Final = "stages.json"
 LOAD_RAW: Final = "load.json"
 PEERS_RAW: Final = "peers.json"
 FAULTS_RAW: Final = "faults.json"
+RUN_KEY: Final = "run"
+"""In each raw file: the run it belongs to (repeats, stability), written by ``inferwire bench``."""
+REPEATS_DIR: Final = "repeats"
+"""``raw/repeats/<n>/``: repeat n of a repeated run, each suite's file as one run wrote it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire import workloads
 from inferwire.bench.report import results
+from inferwire.bench.runner import merge
 from inferwire.transports import extras, serve
 from inferwire.transports.arguments import CommandError, Commands, Parser, positive, run
 
@@ -28,10 +31,21 @@ transports for AI serving, and the servers, proxy and load generator they use.""
 
 BENCH_DESCRIPTION: Final = """\
 Runs the standard benchmark matrix (the pytest-benchmark suites bench_*.py: codecs,
-transports, connections, stages, load, peers, faults), writes each suite's results to
-OUT/raw/ and the tables to OUT/README.md. A suite that fails leaves its earlier results in
-place. Every timed run is also saved by pytest-benchmark under ./.benchmarks/ of the working
-directory."""
+transports, connections, stages, load, peers, faults), each --repeat times in a fresh
+process, writes each suite's results to OUT/raw/ (the median over repeats; every repeat
+under OUT/raw/repeats/N/) and the tables to OUT/README.md. Every suite times calibration
+workloads at its start, middle and end and reads the machine's CPU counters: a run in which
+they moved, or other processes or CPU steal took their share of the machine, is unstable,
+and is not published over a stable run unless --force is given (exit status 3; the run is
+kept in OUT/raw-unstable/). If any suite fails, nothing is written. Every timed run is also
+saved by pytest-benchmark under ./.benchmarks/ of the working directory."""
+
+STAGING: Final = "raw-staging"
+"""Under OUT: the run being made, moved into raw/ once every suite and repeat has passed."""
+UNSTABLE_DIR: Final = "raw-unstable"
+"""Under OUT: an unstable run that was not published over a stable one."""
+REPEATS_DIR: Final = results.REPEATS_DIR
+UNSTABLE_EXIT: Final = 3
 
 SUITES_DIR = Path(__file__).resolve().parents[1]
 """bench/, where the suites are."""
@@ -46,6 +60,40 @@ SUITES = (
 )
 
 
+def _suite_command(suite: str, json_path: Path, args: argparse.Namespace) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(SUITES_DIR / suite),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--import-mode=importlib",
+        # the suites' naming, so an installed (non-checkout) copy collects them too
+        "-o",
+        "python_files=bench_*.py",
+        "-o",
+        "python_functions=bench_*",
+        # benchmarks kept for `pytest bench/ --benchmark-compare` whose figures the report
+        # takes from an interleaved benchmark of the same suite instead
+        "-m",
+        "not standalone",
+        f"--benchmark-json={json_path}",
+        "--benchmark-warmup=on",
+        f"--benchmark-max-time={args.max_time}",
+        "--benchmark-min-rounds=5",
+        "--benchmark-columns=median,iqr,rounds",
+        "--benchmark-sort=name",
+        # a -k that selects nothing in one suite is not an error (exit 5 is handled below)
+        "-W",
+        "ignore:Not saving anything:pytest_benchmark.logger.PytestBenchmarkWarning",
+    ]
+    if args.filter:
+        command += ["-k", args.filter]
+    return command
+
+
 def _bench(args: argparse.Namespace) -> int:
     # the suites run in another process: find a missing library before starting it
     extras.require("bench", "inferwire bench")
@@ -53,59 +101,128 @@ def _bench(args: argparse.Namespace) -> int:
 
     out: Path = args.out
     raw = out / "raw"
+    staging = out / STAGING
     try:
         raw.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
     except OSError as exc:
         raise CommandError(f"cannot write results to {out}: {exc.strerror or exc}") from None
-    for suite, raw_name in SUITES:
-        raw_path = raw / raw_name
-        partial = raw_path.with_suffix(".partial.json")
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(SUITES_DIR / suite),
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--import-mode=importlib",
-            # the suites' naming, so an installed (non-checkout) copy collects them too
-            "-o",
-            "python_files=bench_*.py",
-            "-o",
-            "python_functions=bench_*",
-            f"--benchmark-json={partial}",
-            "--benchmark-warmup=on",
-            f"--benchmark-max-time={args.max_time}",
-            "--benchmark-min-rounds=5",
-            "--benchmark-columns=median,iqr,rounds",
-            "--benchmark-sort=name",
-            # a -k that selects nothing in one suite is not an error (exit 5 is handled below)
-            "-W",
-            "ignore:Not saving anything:pytest_benchmark.logger.PytestBenchmarkWarning",
-        ]
-        if args.filter:
-            command += ["-k", args.filter]
-        # in the caller's working directory, so pytest-benchmark's storage (./.benchmarks) and
-        # the commit it names a saved run by are theirs, never the installed package's; the
-        # project's pytest settings still apply from a checkout (pytest finds them from the
-        # suite's path)
-        completed = subprocess.run(command, check=False)
-        if completed.returncode == 5 and args.filter:
-            print(f"{suite}: nothing matches -k {args.filter!r}; its results are kept as they were")
-            continue
-        if completed.returncode != 0:
-            partial.unlink(missing_ok=True)
-            print(
-                f"benchmark run {suite} failed (exit {completed.returncode}); results not written",
-                file=sys.stderr,
-            )
-            return completed.returncode
-        _trim(partial)
-        partial.replace(raw_path)
+    started = datetime.now(UTC).isoformat()
+    ran: dict[str, list[Path]] = {}
+    # repeats outermost: each suite's repeats are spread over the whole session, so a slow
+    # spell of the machine lands in one repeat of several suites, not in every repeat of one
+    for repeat in range(1, args.repeat + 1):
+        for suite, raw_name in SUITES:
+            if repeat > 1 and raw_name not in ran:
+                continue  # nothing matched -k in the first repeat
+            path = staging / REPEATS_DIR / str(repeat) / raw_name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            label = f"{suite} (repeat {repeat} of {args.repeat})" if args.repeat > 1 else suite
+            print(f"running {label}", flush=True)
+            # in the caller's working directory, so pytest-benchmark's storage (./.benchmarks)
+            # and the commit it names a saved run by are theirs, never the installed package's;
+            # the project's pytest settings still apply from a checkout (pytest finds them from
+            # the suite's path)
+            completed = subprocess.run(_suite_command(suite, path, args), check=False)
+            if completed.returncode == 5 and args.filter:
+                print(f"{suite}: nothing matches -k {args.filter!r}; its results are kept")
+                continue
+            if completed.returncode != 0:
+                shutil.rmtree(staging, ignore_errors=True)
+                print(
+                    f"benchmark run {label} failed (exit {completed.returncode}); "
+                    "no results written",
+                    file=sys.stderr,
+                )
+                return completed.returncode
+            _trim(path)
+            ran.setdefault(raw_name, []).append(path)
+    if not ran:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CommandError(f"no benchmark matches -k {args.filter!r}")
+    merged = {
+        name: merge.merge([json.loads(p.read_text()) for p in paths]) for name, paths in ran.items()
+    }
+    run_info = {
+        "started": started,
+        "finished": datetime.now(UTC).isoformat(),
+        "repeats": args.repeat,
+        "max_time_s": args.max_time,
+        "filter": args.filter,
+        "suites": sorted(ran),
+        "stable": all(merge.stable(m) for m in merged.values()),
+        "unstable": {
+            n: merge.unstable_reasons(m) for n, m in merged.items() if not merge.stable(m)
+        },
+    }
+    for name, result in merged.items():
+        result["run"] = run_info
+        (staging / name).write_text(json.dumps(result, indent=1))
+    refused = _refusal(raw, merged, args.force)
+    if refused:
+        kept = out / UNSTABLE_DIR
+        shutil.rmtree(kept, ignore_errors=True)
+        staging.replace(kept)
+        print(refused + f" This run is kept in {kept}; --force publishes it.", file=sys.stderr)
+        return UNSTABLE_EXIT
+    _publish(staging, raw, ran)
+    if not run_info["stable"]:
+        for name, reasons in run_info["unstable"].items():
+            print(f"{name}: unstable run ({'; '.join(reasons)})", file=sys.stderr)
     written = readme.write(raw / results.CODECS_RAW, out)
     print(f"wrote {written}")
     return 0
+
+
+def _refusal(raw: Path, merged: dict[str, dict[str, Any]], force: bool) -> str:
+    """Why this run must not replace the published one ("" if it may): an unstable run never
+    overwrites a stable one unless forced."""
+    if force:
+        return ""
+    for name, result in merged.items():
+        published = raw / name
+        if merge.stable(result) or not published.is_file():
+            continue
+        try:
+            old = json.loads(published.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # nothing trustworthy to protect
+        if merge.stable(old):
+            reasons = "; ".join(merge.unstable_reasons(result))
+            return (
+                f"not published: this run of {name} was unstable ({reasons}), and the "
+                f"published one in {published} is stable."
+            )
+    return ""
+
+
+def _publish(staging: Path, raw: Path, ran: dict[str, list[Path]]) -> None:
+    """Each suite's merged file to raw/, its repeats to raw/repeats/N/ (an older run's
+    repeats of the same suite removed first, so no stale repeat is read as this run's)."""
+    for old in (raw / REPEATS_DIR).glob("*/*.json"):
+        if old.name in ran:
+            old.unlink()
+    for name, paths in ran.items():
+        for path in paths:
+            target = raw / path.relative_to(staging)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            path.replace(target)
+        (staging / name).replace(raw / name)
+    for empty in sorted((raw / REPEATS_DIR).glob("*"), reverse=True):
+        if empty.is_dir() and not any(empty.iterdir()):
+            empty.rmdir()
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _repeats(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of repeats (1 or more)")
+    return value
 
 
 def _trim(raw_path: Path) -> None:
@@ -176,6 +293,19 @@ def build_parser() -> Parser:
         type=positive,
         default=0.3,
         help="seconds of rounds per benchmark (pytest-benchmark's --benchmark-max-time)",
+    )
+    bench.add_argument(
+        "--repeat",
+        type=_repeats,
+        default=1,
+        metavar="N",
+        help="run every suite N times, each in a fresh process, and publish the median over "
+        "the repeats with their spread (default 1)",
+    )
+    bench.add_argument(
+        "--force",
+        action="store_true",
+        help="publish the run even if it is unstable and the published one is not",
     )
     bench.add_argument(
         "-k",
