@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import (
+    advice,
     claims,
     codecs,
     connections,
@@ -33,6 +34,7 @@ def render(
     transport_targets: list[list[str]] | None = None,
     transport_section: str = "",
     machine_text: str = "",
+    advice_section: str = "",
 ) -> str:
     return "\n".join(
         [
@@ -42,6 +44,7 @@ def render(
             "(codecs, transports, connections, stages, load, peers, faults), the output of `make "
             "bench`. Do not edit by hand: rerun.",
             "",
+            advice_section,
             "## Method",
             "",
             "- Every figure is the **median** of a run's rounds on one machine; `±` is the "
@@ -137,6 +140,8 @@ def write(raw_path: Path, out_dir: Path) -> Path:
             target_rows,
             claims.rows(results, raw_dir),
             claim_rows,
+            advice.verdict_rows(raw_dir),
+            advice.verdict_rows,
         ),
     ]
     target = out_dir / "README.md"
@@ -147,6 +152,7 @@ def write(raw_path: Path, out_dir: Path) -> Path:
             transport_targets,
             "\n".join(part for part in sections if part),
             machine.machine_section(raw, raw_dir),
+            advice.section(raw_dir),
         )
     )
     return target

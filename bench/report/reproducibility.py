@@ -52,6 +52,8 @@ def section(
     targets: Rows,
     published_claims: list[list[str]],
     claims: Rows,
+    published_advice: list[list[str]] | None = None,
+    advice: Rows | None = None,
 ) -> str:
     """The section, or "" when the run has fewer than two repeats.
 
@@ -94,6 +96,8 @@ def section(
     ]
     claim_rows = _claim_rows(dirs, published_claims, claims)
     differing_claims = sum(1 for row in claim_rows if row[2] != f"{len(dirs)} of {len(dirs)}")
+    advice_rows = _claim_rows(dirs, published_advice or [], advice) if advice else []
+    differing_advice = sum(1 for row in advice_rows if row[2] != f"{len(dirs)} of {len(dirs)}")
     within = worst is None or worst[0] <= RATIO_TOLERANCE
     summary = [
         f"Targets: {len(published_targets) - differing_verdicts} of {len(published_targets)} "
@@ -110,6 +114,11 @@ def section(
         f"Claims: {len(claim_rows) - differing_claims} of {len(claim_rows)} have the same "
         f"verdict in every repeat.",
     ]
+    if advice_rows:
+        summary.append(
+            f"What to use: {len(advice_rows) - differing_advice} of {len(advice_rows)} answers "
+            "are the same in every repeat."
+        )
     return "\n".join(
         [
             "## Reproducibility",
