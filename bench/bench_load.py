@@ -4,8 +4,11 @@ Capacity: the generator drives a null target (a "request" that yields one token 
 I/O), so everything measured is its own work: drawing the schedule, waking on time, starting
 the request, recording its latencies. A rate is sustained when every request completes and
 the P99 of the send lag (intended to actual start) stays under 1 ms; the target is 5,000
-requests/s. The generator is one asyncio loop in one thread, so it uses at most one core;
-``client_cpu_share`` in ``extra_info`` says how much of it. The timed value of these
+requests/s. Each rate runs ``CAPACITY_TRIALS`` trials, each from a fresh event loop, and the
+figures are the median trial's (by P99 lag): a neighbour's busy spell on this shared machine
+lands in one trial, and a single trial's P99 would report it as the generator's own lag. The
+generator is one asyncio loop in one thread, so it uses at most one core; ``client_cpu_share``
+in ``extra_info`` says how much of it. The timed value of these
 benchmarks is the run's wall time, fixed by the schedule: read ``extra_info``.
 
 Under ``--benchmark-disable`` every run is cut to a fraction of a second.
@@ -14,6 +17,7 @@ Under ``--benchmark-disable`` every run is cut to a fraction of a second.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -25,7 +29,8 @@ from inferwire.bench.loadgen import metrics, openloop
 from inferwire.bench.procs import server_process
 
 CAPACITY_RATES: Final = (5_000.0, 10_000.0, 20_000.0)
-CAPACITY_S: Final = 3.0
+CAPACITY_S: Final = 1.5
+CAPACITY_TRIALS: Final = 3
 DISABLED_S: Final = 0.3
 LAG_TARGET_MS: Final = 1.0
 _TOKEN: Final = ic.TokenChunk(
@@ -60,14 +65,18 @@ def _run(target: openloop.Target, spec: openloop.LoadSpec, **point: Any) -> dict
 @pytest.mark.parametrize("rate", CAPACITY_RATES, ids=lambda r: f"{r:g}rps")
 def bench_generator_capacity(benchmark: Any, rate: float, concurrency: int | None) -> None:
     spec = openloop.LoadSpec(duration_s=DISABLED_S if benchmark.disabled else CAPACITY_S, seed=1)
+    trials = 1 if benchmark.disabled else CAPACITY_TRIALS
     benchmark.group = "load generator capacity"
-    point = benchmark.pedantic(
-        _run,
-        args=(NullTarget(), spec),
-        kwargs={"rate_rps": rate, "concurrency": concurrency},
-        rounds=1,
-        iterations=1,
-    )
+    points: list[dict[str, Any]] = []
+
+    def run_trials() -> None:
+        for trial in range(trials):
+            trial_spec = dataclasses.replace(spec, seed=spec.seed + trial)
+            points.append(_run(NullTarget(), trial_spec, rate_rps=rate, concurrency=concurrency))
+
+    benchmark.pedantic(run_trials, rounds=1, iterations=1)
+    by_lag = sorted(points, key=lambda p: p["send_lag"]["p99_ms"])
+    point = by_lag[len(by_lag) // 2]
     lag = point["send_lag"]
     sustained = (
         point["requests_completed"] == point["requests_scheduled"] and lag["p99_ms"] < LAG_TARGET_MS
@@ -76,6 +85,9 @@ def bench_generator_capacity(benchmark: Any, rate: float, concurrency: int | Non
         target="null",
         rate_rps=rate,
         concurrency=concurrency,
+        trials=trials,
+        trial_s=spec.duration_s,
+        trial_p99_lag_ms=[p["send_lag"]["p99_ms"] for p in points],
         requests=point["requests_scheduled"],
         achieved_rps=point["request_throughput_rps"],
         offered_rps=point["offered_rate_rps"],
@@ -85,9 +97,10 @@ def bench_generator_capacity(benchmark: Any, rate: float, concurrency: int | Non
         sustained=sustained,
         event_loop="select",
         load_average=metrics.machine()["load_average"],  # other work on the cores skews lag
-        correct=point["requests_failed"] == 0,
+        correct=all(p["requests_failed"] == 0 for p in points),
     )
-    assert point["requests_failed"] == 0, point["errors"]
+    for p in points:
+        assert p["requests_failed"] == 0, p["errors"]
 
 
 LOAD_RATE_RPS = 20.0

@@ -105,7 +105,10 @@ def section(raw_dir: Path) -> str:
         parts += [
             "The generator alone, against a no-op target: the rate it sustains on one core and "
             "how late it sends (the lag between intended and actual send time; other load on "
-            "the machine shows here first, so the load average is recorded).",
+            "the machine shows here first, so the load average is recorded). Each row is the "
+            "median of "
+            f"{capacity[0].get('trials', 1)} trial(s) of {capacity[0].get('trial_s', 0):g} s "
+            "by P99 lag (every trial's P99 in the last column).",
             "",
             _table(
                 [
@@ -117,6 +120,7 @@ def section(raw_dir: Path) -> str:
                     "lag P99.9",
                     "CPU us/request",
                     "load average",
+                    "P99 lag per trial",
                 ],
                 [
                     [
@@ -128,6 +132,7 @@ def section(raw_dir: Path) -> str:
                         f"{c['send_lag_ms']['p99_9_ms']:.2f} ms",
                         f"{c['client_cpu_us_per_request']:.0f}",
                         f"{_load_average(c['load_average']):.1f}",
+                        " / ".join(f"{v:.2f}" for v in c.get("trial_p99_lag_ms", [])),
                     ]
                     for c in capacity
                 ],
