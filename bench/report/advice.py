@@ -119,10 +119,10 @@ def _transport_pick(raw_dir: Path, op: str, codec: str) -> str:
         by_transport[transport] = per_codec.get(codec, values[len(values) // 2])
     best, close = _best(by_transport, higher=False)
     what = "per token" if op == "stream" else "per small call"
-    return (
-        f"{_named(best, close)}: {by_transport[best]:.2f}x `tcp` {what} "
-        f"(`http1` {by_transport.get('http1', float('nan')):.2f}x)"
-    )
+    text = f"{_named(best, close)}: {by_transport[best]:.2f}x `tcp` {what}"
+    if best != "http1" and "http1" in by_transport:
+        text += f" (`http1` {by_transport['http1']:.2f}x)"
+    return text
 
 
 def _wan_figures(raw_dir: Path) -> str:
