@@ -28,7 +28,7 @@ import inferwire.transports as it
 from inferwire.bench.loadgen import metrics, openloop
 from inferwire.bench.procs import server_process
 
-CAPACITY_RATES: Final = (5_000.0, 10_000.0, 20_000.0)
+CAPACITY_RATES: Final = (5_000.0, 10_000.0)
 CAPACITY_S: Final = 1.5
 CAPACITY_TRIALS: Final = 3
 DISABLED_S: Final = 0.3

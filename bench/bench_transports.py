@@ -23,7 +23,7 @@ from inferwire.bench.measure.paired import paired_ratio
 from inferwire.bench.procs import server_process
 from inferwire.workloads import token_stream_source
 
-PAIRS = 11
+PAIRS = 21
 STREAM_WORKLOAD = "stream-256"
 UNARY_CALLS = 20
 """Round trips per timed call: one is tens of microseconds, below the timer's comfort."""
