@@ -47,8 +47,17 @@ def render(
             advice_section,
             "## Method",
             "",
-            "- Every figure is the **median** of a run's rounds on one machine; `±` is the "
-            "interquartile range as a share of the median. Ratios compare figures of the same run.",
+            "- Every time is the **median** of a run's rounds on this machine, under the "
+            "conditions the Machine section records; `±` is the interquartile range of the "
+            "rounds as a share of the median. Absolute times are this machine's and move with "
+            "it; the comparisons are what carries to another machine.",
+            "- Every comparison (speed-up, *vs tcp*, *vs ours*, *saved*, *network share*) is "
+            "**paired**: the compared things ran interleaved in one benchmark (every codec once "
+            "per round in a shuffled order, or alternating pairs), and the figure is the median "
+            "of the per-round ratios, never two separately timed medians divided.",
+            "- With repeats (`inferwire bench --repeat N`, each a fresh process), every figure "
+            "is the median over the repeats and a ratio's range over them follows it in "
+            "parentheses; the Reproducibility section judges every verdict on each repeat.",
             "- Token streams are timed whole, through each codec's stream encoder and decoder "
             "(framing included, one `feed` per frame), and shown **per chunk** (total / chunks). "
             "Embedding and tensor workloads are one message.",
