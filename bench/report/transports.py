@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from . import spread
 from .tables import table as _table
 
 TRANSPORT_TARGET = 3.0
@@ -23,6 +25,11 @@ class TransportResult:
     """Round trips (unary) or tokens (stream) in one timed call."""
     vs_tcp: float
     correct: bool
+    info: dict[str, Any] = field(default_factory=dict)
+    """The benchmark's whole ``extra_info`` (each figure's repeats, when the run has them)."""
+
+    def vs_tcp_cell(self) -> str:
+        return spread.cell(self.info, "vs_tcp", self.vs_tcp, lambda v: f"{v:.2f}x")
 
     @property
     def per_item_s(self) -> float:
@@ -48,6 +55,7 @@ def load(path: Path) -> list[TransportResult]:
                 per=info["calls"] if info["op"] == "unary" else info["tokens"],
                 vs_tcp=info["vs_tcp"],
                 correct=info["correct"],
+                info=info,
             )
         )
     return out
@@ -78,7 +86,7 @@ def target_rows(results: list[TransportResult]) -> list[list[str]]:
                 [
                     f"`{result.transport}` {what} vs `tcp` (`{result.codec}`)",
                     "paired ratio, same codec",
-                    f"{result.vs_tcp:.2f}x",
+                    result.vs_tcp_cell(),
                     f"<= {TRANSPORT_TARGET:.0f}x",
                     verdict,
                 ]
@@ -115,7 +123,7 @@ def section(results: list[TransportResult]) -> str:
                 f"`{r.codec}`",
                 _us(r.per_item_s),
                 f"±{r.spread:.0%}",
-                f"{r.vs_tcp:.2f}x",
+                r.vs_tcp_cell(),
                 "yes" if r.correct else "**no**",
             ]
             for r in sorted(results, key=_order)
