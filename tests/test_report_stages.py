@@ -44,6 +44,7 @@ def _stages(transport: str, codec: str, scale: float, **extra: Any) -> dict[str,
         "requests": 40,
         "warmup_requests": 5,
         "request_tokens": 4,
+        "idle_gap_ms": 10.0,
         "request_stages_us": {n: 100.0 + i for i, n in enumerate(REQUEST_STAGES)},
         "request_stages_p90_us": {n: 300.0 + i for i, n in enumerate(REQUEST_STAGES)},
         "correct": True,
@@ -99,7 +100,7 @@ def _session(transport: str, mode: str, connections: int) -> dict[str, Any]:
 
 
 OLD_WAN = {  # the unpaired format: one benchmark per path, nothing to read a share from
-    "transport": "grpc",
+    "transport": "http2",
     "op": "wan-share",
     "path": "proxied",
     "pattern": "stream",
@@ -132,6 +133,7 @@ def raw_dir(tmp_path: Path) -> Path:
                 },
             ),
             _wan("http1", "stream", 0.2),
+            _wan("grpc", "stream", 0.2001),  # the same share once printed: said once
             repeated,
             OLD_WAN,
         ],
@@ -166,7 +168,7 @@ def test_stage_cells_are_p50_and_p90_with_the_counts(raw_dir: Path) -> None:
     assert _row(per_chunk, "`grpc`", "`delta`").endswith("| 20% (19%-24%) |")
     assert "3 `stream-256` streams" in text
     assert "768 chunks a cell" in text
-    assert "40 short requests (4 tokens each)" in text
+    assert "40 short requests (4 tokens each) per cell, each sent 10 ms after" in text
     assert "after 5 untimed requests" in text
     request_row = _row(per_request.split("### What")[0], "`tcp`", "`orjson`", "100.0 / 300.0")
     assert request_row.endswith(f"| {sum(100.0 + i for i in range(len(REQUEST_STAGES))):,.1f} |")
@@ -178,7 +180,7 @@ def test_wan_rows_are_the_paired_share(raw_dir: Path) -> None:
     assert _row(text, "`http1`", "request-per-token", "16").endswith(
         "| 160.0 ms (150.0 ms-170.0 ms) | 800.0 ms | 80% (78%-83%) |"
     )
-    assert "`grpc`" not in text.split("### What the network adds")[1]  # the unpaired record
+    assert "`http2`" not in text.split("### What the network adds")[1]  # the unpaired record
     assert "6 pairs" in text
 
 

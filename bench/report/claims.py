@@ -234,9 +234,8 @@ def _span_cells(results: list[dict[str, Any]], path: str, value: Any, fmt: Any) 
     ranked = sorted(results, key=value)
     low, high = ranked[0], ranked[-1]
     low_text = spread.cell(low, path, value(low), fmt)
-    if abs(value(high) - value(low)) < 1e-9:
-        return low_text
-    return f"{low_text} to {spread.cell(high, path, value(high), fmt)}"
+    high_text = spread.cell(high, path, value(high), fmt)
+    return low_text if high_text == low_text else f"{low_text} to {high_text}"
 
 
 def _c4_c9_c10(raw_dir: Path) -> dict[str, list[str]]:

@@ -116,8 +116,9 @@ def section(raw_dir: Path) -> str:
             "",
             f"The same connections, after {first.get('warmup_requests', 0)} untimed requests: "
             f"{first.get('requests', 1)} short requests "
-            f"({first.get('request_tokens', '?')} tokens each) per cell, the request's own path "
-            "to its first chunk as *P50 / P90* in microseconds over those requests (*total*: "
+            f"({first.get('request_tokens', '?')} tokens each) per cell, each sent "
+            f"{first.get('idle_gap_ms', 0):g} ms after the previous one ended (an idle "
+            "connection), the request's own path to its first chunk as *P50 / P90* in microseconds over those requests (*total*: "
             "the sum of the P50s). The client encodes and writes the request, the server has "
             "it whole and parses it, the service produces the first chunk (no prefill here), "
             "and that chunk goes back. Times on one host and one monotonic clock; the client "
