@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from . import spread
+from . import spread, stages
 from .results import CONNECTIONS_RAW, STAGES_RAW, Result, records
 from .tables import table
 
@@ -118,13 +118,6 @@ def _x(value: float) -> str:
     return f"{value:.1f}x"
 
 
-def _span(values: list[float], fmt: Any) -> str:
-    if not values:
-        return "?"
-    low, high = min(values), max(values)
-    return fmt(low) if abs(high - low) < 1e-9 else f"{fmt(low)}-{fmt(high)}"
-
-
 def _c1(by_key: dict[tuple[str, str, str], Result]) -> list[str]:
     parts = []
     built_json: dict[str, float] = {}
@@ -209,35 +202,6 @@ def _c3(by_key: dict[tuple[str, str, str], Result]) -> list[str]:
     return ["whole delta stream (header included) vs OpenAI JSON SSE", measured, verdict]
 
 
-def _stage_share(r: dict[str, Any], name: str) -> float:
-    """A chunk share of a stages record: the median of the per-chunk shares the suite recorded
-    (an older run without them: the same ratio of the P50s)."""
-    if name in r.get("shares", {}):
-        return float(r["shares"][name])
-    us = r["stages_us"]
-    decode_us = r["decode_ms"] * 1e3
-    codec = us["serialize"] + us["parse"]
-    return float(
-        {
-            "serialize_parse": codec / us["end_to_end"],
-            "serialize_parse_with_compute": codec / (us["end_to_end"] + decode_us),
-            "transport_with_compute": us["end_to_end"] / (us["end_to_end"] + decode_us),
-        }[name]
-    )
-
-
-def _span_cells(results: list[dict[str, Any]], path: str, value: Any, fmt: Any) -> str:
-    """The lowest and the highest of ``value(record)`` over the records, each with its range
-    over the repeats of the run (``spread.cell`` at ``path``)."""
-    if not results:
-        return "?"
-    ranked = sorted(results, key=value)
-    low, high = ranked[0], ranked[-1]
-    low_text = spread.cell(low, path, value(low), fmt)
-    high_text = spread.cell(high, path, value(high), fmt)
-    return low_text if high_text == low_text else f"{low_text} to {high_text}"
-
-
 def _c4_c9_c10(raw_dir: Path) -> dict[str, list[str]]:
     results = [r for r in records(raw_dir / STAGES_RAW) if r["op"] == "stages"]
     if not results:
@@ -246,10 +210,10 @@ def _c4_c9_c10(raw_dir: Path) -> dict[str, list[str]]:
     chunks = results[0].get("pooled_chunks", results[0].get("chunks", "?"))
 
     def share(name: str) -> Any:
-        return lambda r: _stage_share(r, name)
+        return lambda r: stages.chunk_share(r, name)
 
     def span(name: str, fmt: Any = _pct) -> str:
-        return _span_cells(results, f"shares.{name}", share(name), fmt)
+        return stages.span_cells(results, f"shares.{name}", share(name), fmt)
 
     transport = span("transport_with_compute")
     c4 = [
@@ -272,14 +236,14 @@ def _c4_c9_c10(raw_dir: Path) -> dict[str, list[str]]:
     rest = [
         {
             **r,
-            "compute_share": 1 - _stage_share(r, "transport_with_compute"),
+            "compute_share": 1 - stages.chunk_share(r, "transport_with_compute"),
             spread.REPEATS_KEY: {
                 "compute_share": [1 - v for v in spread.values(r, "shares.transport_with_compute")]
             },
         }
         for r in results
     ]
-    compute = _span_cells(rest, "compute_share", lambda r: r["compute_share"], _pct)
+    compute = stages.span_cells(rest, "compute_share", lambda r: r["compute_share"], _pct)
     c10 = [
         "same split",
         f"compute {compute}, network + serialization {transport}; no scheduling stage is modelled",
@@ -356,7 +320,7 @@ def _c7(raw_dir: Path) -> list[str]:
         return ["not in this run", "-", "-"]
 
     def shares(pattern: str) -> str:
-        return _span_cells(
+        return stages.span_cells(
             by_pattern[pattern], "network_share", lambda r: float(r["network_share"]), _pct
         )
 

@@ -16,6 +16,35 @@ from .tables import table
 STAGE_NAMES = ("serialize", "write", "network", "parse")
 
 
+def chunk_share(r: dict[str, Any], name: str) -> float:
+    """A chunk share of a stages record: the median of the per-chunk shares the suite recorded
+    (an older run without them: the same ratio of the P50s)."""
+    if name in r.get("shares", {}):
+        return float(r["shares"][name])
+    us = r["stages_us"]
+    decode_us = r["decode_ms"] * 1e3
+    codec = us["serialize"] + us["parse"]
+    return float(
+        {
+            "serialize_parse": codec / us["end_to_end"],
+            "serialize_parse_with_compute": codec / (us["end_to_end"] + decode_us),
+            "transport_with_compute": us["end_to_end"] / (us["end_to_end"] + decode_us),
+        }[name]
+    )
+
+
+def span_cells(results: list[dict[str, Any]], path: str, value: Any, fmt: Any) -> str:
+    """The lowest and the highest of ``value(record)`` over the records, each with its range
+    over the repeats of the run (``spread.cell`` at ``path``)."""
+    if not results:
+        return "?"
+    ranked = sorted(results, key=value)
+    low, high = ranked[0], ranked[-1]
+    low_text = spread.cell(low, path, value(low), fmt)
+    high_text = spread.cell(high, path, value(high), fmt)
+    return low_text if high_text == low_text else f"{low_text} to {high_text}"
+
+
 def _us(value: float) -> str:
     return f"{value:,.1f}"
 
@@ -32,13 +61,8 @@ def _p50_p90(r: dict[str, Any], key: str, name: str) -> str:
 
 
 def _share(r: dict[str, Any]) -> str:
-    """Serialize + parse in a chunk's produced-to-decoded time: the median of the per-chunk
-    shares, with its range over repeats (older runs: the ratio of the P50s)."""
-    shares = r.get("shares", {})
-    if "serialize_parse" in shares:
-        return spread.cell(r, "shares.serialize_parse", shares["serialize_parse"], _pct)
-    us = r["stages_us"]
-    return _pct((us["serialize"] + us["parse"]) / us["end_to_end"])
+    """Serialize + parse in a chunk's produced-to-decoded time, with its range over repeats."""
+    return spread.cell(r, "shares.serialize_parse", chunk_share(r, "serialize_parse"), _pct)
 
 
 def _ms(value: float) -> str:
