@@ -146,10 +146,11 @@ def section(raw_dir: Path) -> str:
             "microseconds over those requests (*total*: the sum of the P50s). The client "
             "encodes and writes the request, the server has it whole and parses it, the "
             "service produces the first chunk (no prefill here), "
-            "and that chunk goes back. Times on one host and one monotonic clock; the client "
-            "stamps *sent* once its write returned, so a client descheduled right after its "
-            "write (a busy machine) moves time from *network to server* into *client "
-            "serialize*, which can leave the first negative. gRPC serializes and sends in the "
+            "and that chunk goes back. Times on one host and one monotonic clock. Each side "
+            "stamps a write once it returned: when the woken reader runs before the writer is "
+            "back (two busy cores), the time moves from the network stage into the stage "
+            "before it (*client serialize*, *write*), and the network stage can read negative; "
+            "read each write and its network stage together. gRPC serializes and sends in the "
             "background, so for gRPC *client serialize* is only building the message and "
             "*network to server* includes the rest.",
             "",
