@@ -218,7 +218,11 @@ def _c4_c9_c10(raw_dir: Path) -> dict[str, list[str]]:
     transport = span("transport_with_compute")
     c4 = [
         f"per streamed token, every transport x codec, service at {decode_ms:g} ms/token; "
-        f"medians of per-chunk shares over {chunks} chunks a cell",
+        + (
+            f"medians of per-chunk shares over {chunks} chunks a cell"
+            if "shares" in results[0]
+            else "ratios of the median stages"
+        ),
         f"serialize + parse: {span('serialize_parse')} of the token's path from the model to "
         f"the client; {span('serialize_parse_with_compute')} once {decode_ms:g} ms of compute "
         "is counted",
