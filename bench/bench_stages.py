@@ -133,9 +133,8 @@ def bench_stages(benchmark: Any, stage_env: _Env, transport: str, codec: str) ->
     outputs: list[bool] = []
 
     async def timed(client: it.Client, request: it.GenerateRequest) -> it.StreamTiming:
-        # on an idle connection: sent straight after the previous stream, a request's stamps
-        # also hold that stream's tail (the client's loop finishing it between the request's
-        # write and its "sent" stamp), read as milliseconds of client serialize
+        # each on an idle connection: right after a stream the client's loop is still
+        # finishing it, and that work lands between a request's write and its "sent" stamp
         await asyncio.sleep(IDLE_GAP_S)
         timing = it.StreamTiming()
         chunks = [chunk async for chunk in client.generate(request, timing=timing)]
