@@ -8,8 +8,8 @@ or gRPC channel setup) and closes it; *reused*: each client's connection was ope
 the timing and is kept. One benchmark per cell times both, in pairs of rounds that alternate
 their order (new then reused, then reused then new, ...): ``saved`` is the median over the
 ``PAIRS`` pairs of 1 - reused / new, so a drift of the machine between two separately timed
-benchmarks cannot show as a saving. ``extra_info`` records the connections the new rounds
-opened.
+benchmarks cannot show as a saving. The reused clients stay open, idle, through the new
+rounds. ``extra_info`` records the connections the new rounds opened.
 """
 
 from __future__ import annotations
