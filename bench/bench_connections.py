@@ -2,15 +2,20 @@
 and 100 concurrent clients, with and without TLS, with and without 20 ms of one-way delay
 (the WAN-delay proxy), per transport (claims C5 and C6).
 
-One timed round: ``concurrency`` clients each make one small infer request at once. ``new``:
-each request opens its own connection (a new client: TCP handshake, TLS handshake, HTTP/2
-preface or gRPC channel setup) and closes it; ``reused``: each client's connection was opened
-before the timing and is kept. ``extra_info`` records the connections each round opened.
+One round: ``concurrency`` clients each make one small infer request at once. *new*: each
+request opens its own connection (a new client: TCP handshake, TLS handshake, HTTP/2 preface
+or gRPC channel setup) and closes it; *reused*: each client's connection was opened before
+the timing and is kept. One benchmark per cell times both, in pairs of rounds that alternate
+their order (new then reused, then reused then new, ...): ``saved`` is the median over the
+``PAIRS`` pairs of 1 - reused / new, so a drift of the machine between two separately timed
+benchmarks cannot show as a saving. The reused clients stay open, idle, through the new
+rounds. ``extra_info`` records the connections the new rounds opened.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +32,8 @@ SETUP_TRANSPORTS = ("http1", "http2", "grpc")
 CONCURRENCY = (1, 10, 100)
 DELAYS_MS = (0, 20)
 SESSION_REQUESTS = 3
+PAIRS = 7
+"""New/reused pairs per cell after one untimed pair: 14 timed rounds, 7 of each."""
 REQUEST = ic.InferRequest(
     model="sim",
     id="setup",
@@ -68,7 +75,6 @@ def conn_env() -> Iterator[_Env]:
     env.close()
 
 
-@pytest.mark.parametrize("mode", ["new", "reused"])
 @pytest.mark.parametrize("delay_ms", DELAYS_MS)
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 @pytest.mark.parametrize("concurrency", CONCURRENCY)
@@ -80,10 +86,12 @@ def bench_connection_setup(
     concurrency: int,
     tls: bool,
     delay_ms: int,
-    mode: str,
 ) -> None:
-    if benchmark.disabled and (concurrency > 10 or delay_ms):
+    quick = benchmark.disabled
+    if quick and (concurrency > 10 or delay_ms):
         concurrency = min(concurrency, 10)  # one quick pass in CI: every code path, less waiting
+    pairs = 1 if quick else PAIRS
+    warmup_pairs = 0 if quick else 1
     address, client_tls = conn_env.address(transport, tls, delay_ms)
     loop = conn_env.loop
     benchmark.group = f"connection setup {transport}"
@@ -98,50 +106,63 @@ def bench_connection_setup(
             await client.close()
 
     clients: list[it.Client] = []
-    if mode == "reused":
 
-        async def open_all() -> None:
-            for _ in range(concurrency):
-                client = it.connect(transport, address, codec=CODEC, tls=client_tls)
-                await client.infer(REQUEST)
-                clients.append(client)
+    async def open_all() -> None:
+        # at once, as a round does: one by one, 100 handshakes through the 20 ms proxy would
+        # take longer than every timed round of the cell
+        clients.extend(
+            it.connect(transport, address, codec=CODEC, tls=client_tls) for _ in range(concurrency)
+        )
+        await asyncio.gather(*(client.infer(REQUEST) for client in clients))
 
-        loop.run_until_complete(open_all())
+    async def new_round() -> list[Any]:
+        return list(await asyncio.gather(*(one_shot() for _ in range(concurrency))))
 
-        async def round_() -> list[Any]:
-            return list(await asyncio.gather(*(c.infer(REQUEST) for c in clients)))
-    else:
+    async def reused_round() -> list[Any]:
+        return list(await asyncio.gather(*(c.infer(REQUEST) for c in clients)))
 
-        async def round_() -> list[Any]:
-            return list(await asyncio.gather(*(one_shot() for _ in range(concurrency))))
+    rounds = {"new": new_round, "reused": reused_round}
+    times_s: dict[str, list[float]] = {"new": [], "reused": []}
+    outputs: list[bool] = []
+
+    def pair() -> None:
+        # alternate which mode goes first, so a drift of the machine within a pair cancels
+        order = ("new", "reused") if len(times_s["new"]) % 2 == 0 else ("reused", "new")
+        for mode in order:
+            start = time.perf_counter()
+            responses = loop.run_until_complete(rounds[mode]())
+            times_s[mode].append(time.perf_counter() - start)
+            outputs.append(
+                len(responses) == concurrency and all(r == conn_env.expected for r in responses)
+            )
+
+    async def close_all() -> None:
+        for client in clients:
+            await client.close()
 
     try:
-        responses = benchmark.pedantic(
-            lambda: loop.run_until_complete(round_()),
-            rounds=1 if benchmark.disabled else 5,
-            warmup_rounds=0 if benchmark.disabled else 1,
-        )
+        loop.run_until_complete(open_all())
+        benchmark.pedantic(pair, rounds=pairs, warmup_rounds=warmup_pairs)
     finally:
-
-        async def close_all() -> None:
-            for client in clients:
-                await client.close()
-
         loop.run_until_complete(close_all())
-    correct = len(responses) == concurrency and all(r == conn_env.expected for r in responses)
+    new, reused = (np.asarray(times_s[m][warmup_pairs:]) for m in ("new", "reused"))
+    correct = all(outputs) and len(outputs) == 2 * (pairs + warmup_pairs)
     benchmark.extra_info.update(
         transport=transport,
         codec=CODEC,
         op="connection-setup",
-        mode=mode,
         concurrency=concurrency,
         tls=tls,
         delay_ms=delay_ms,
-        connections_per_round=concurrency if mode == "new" else 0,
+        pairs=pairs,
+        new_ms=float(np.median(new)) * 1e3,
+        reused_ms=float(np.median(reused)) * 1e3,
+        saved=float(np.median(1 - reused / new)),
+        connections_per_round=concurrency,
         connections_opened=opened[0],
-        correct=correct,
+        correct=correct and opened[0] == concurrency * (pairs + warmup_pairs),
     )
-    assert correct, f"{transport} {mode}: wrong responses"
+    assert benchmark.extra_info["correct"], f"{transport}: wrong responses or connections"
 
 
 @pytest.mark.parametrize(

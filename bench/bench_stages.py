@@ -1,24 +1,32 @@
 """Where a streamed token's time goes, and how much of a request is network.
 
-``bench_stages``: one timed ``stream-256`` per transport x codec, the service paced at
-``DECODE_MS`` per token so the client keeps up (at zero pacing the server outruns the reader
-and "network" becomes queueing). Per chunk, with the server's stamps
-(:mod:`inferwire.transports.timing`): server serialize, server write, network (written to
-received: loopback plus the reader's wake-up), client parse. Medians go in ``extra_info``.
+``bench_stages``: per transport x codec, on one connection, the service paced at ``DECODE_MS``
+per token so the client keeps up (at zero pacing the server outruns the reader and "network"
+becomes queueing). Every figure is a P50 with its P90 beside it, warm-up excluded:
 
-The same run splits the request's own path to its first token: client serialize, network to
-server, server parse, service (parsed to first chunk produced), server serialize, write,
-network back, client parse (``request_stages_us``).
+- per chunk: ``WARMUP_STREAMS`` untimed ``stream-256`` then ``STREAMS`` timed ones (about
+  0.27 s each), their chunks pooled (3 x 256 = 768 chunks). With the server's stamps
+  (:mod:`inferwire.transports.timing`): server serialize, server write, network (written to
+  received: loopback plus the reader's wake-up), client parse, produced to decoded; and each
+  chunk's own shares (``shares``), so a share is a per-chunk ratio, not a ratio of medians.
+- a request's own path to its first token: ``WARMUP_REQUESTS`` untimed then ``REQUESTS``
+  short requests (``REQUEST_TOKENS`` tokens each), each sent ``IDLE_GAP_S`` after the previous
+  one ended, as on an idle connection: client serialize, network to server, server
+  parse, service (parsed to first chunk produced), server serialize, write, network back,
+  client parse (``request_stages_us``). One request alone is no figure: the first requests a
+  fresh server process answers pay its cold start (a first parse of 5 ms beside 0.1 ms).
 
 ``bench_wan_share`` (claim C7): 16 tokens at 10 ms of compute each (prefill 10 ms, then
 10 ms per token), direct and through the WAN-delay proxy at 20 ms one way, as one stream and
-as one request per token (each a one-token request: 10 ms of compute); the difference is what
-the network adds.
+as one request per token (each a one-token request: 10 ms of compute). Direct and proxied
+alternate within one benchmark (direct then proxied, then proxied then direct, ...), and the
+network share is the median over the pairs of 1 - direct / proxied.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +44,16 @@ STAGE_WORKLOAD = "stream-256"
 WAN_DECODE_MS = 10.0
 WAN_DELAY_MS = 20.0
 WAN_TOKENS = 16
+WARMUP_STREAMS = 1
+STREAMS = 3
+WARMUP_REQUESTS = 5
+REQUESTS = 40
+REQUEST_TOKENS = 4
+IDLE_GAP_S = 0.01
+"""Pause before each timed stream or request (0.5 s a cell in all)."""
+WAN_PAIRS = 6
+"""Direct/proxied pairs per WAN cell: 12 timed rounds, about 2 s (stream) and 6 s (one
+request per token) per transport."""
 
 
 class _Env:
@@ -75,58 +93,116 @@ def stage_env() -> Iterator[_Env]:
     env.close()
 
 
+def percentiles_us(samples_ns: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """P50 and P90 in microseconds of each stage's samples (nanoseconds)."""
+    p50 = {name: float(np.percentile(v, 50)) / 1e3 for name, v in samples_ns.items()}
+    p90 = {name: float(np.percentile(v, 90)) / 1e3 for name, v in samples_ns.items()}
+    return p50, p90
+
+
+def chunk_shares(stages_ns: dict[str, np.ndarray], decode_ms: float) -> dict[str, float]:
+    """Per chunk, then the median over chunks: serialize + parse in produced to decoded
+    (``serialize_parse``), the same once a token's compute is counted
+    (``serialize_parse_with_compute``), and produced to decoded beside the compute
+    (``transport_with_compute``)."""
+    codec = stages_ns["serialize"] + stages_ns["parse"]
+    path = np.maximum(stages_ns["end_to_end"], 1)
+    with_compute = path + decode_ms * 1e6
+    return {
+        "serialize_parse": float(np.median(codec / path)),
+        "serialize_parse_with_compute": float(np.median(codec / with_compute)),
+        "transport_with_compute": float(np.median(path / with_compute)),
+    }
+
+
 @pytest.mark.parametrize("codec", STAGE_CODECS)
 @pytest.mark.parametrize("transport", it.TRANSPORTS)
 def bench_stages(benchmark: Any, stage_env: _Env, transport: str, codec: str) -> None:
     server = stage_env.server(transport, codec, DECODE_MS)
-    workload = "stream-16" if benchmark.disabled else STAGE_WORKLOAD
-    request = it.GenerateRequest(workload=workload)
-    expected = list(it.SimulatedService(token_stream_source).chunks(request))
-    timings: list[it.StreamTiming] = []
+    quick = benchmark.disabled  # one short pass in CI: every code path, few samples
+    workload = "stream-16" if quick else STAGE_WORKLOAD
+    streams, requests = (1, 2) if quick else (STREAMS, REQUESTS)
+    warmup_requests = 1 if quick else WARMUP_REQUESTS
+    stream_request = it.GenerateRequest(workload=workload)
+    short_request = it.GenerateRequest(workload=workload, max_tokens=REQUEST_TOKENS)
+    service = it.SimulatedService(token_stream_source)
+    expected = list(service.chunks(stream_request))
+    expected_short = list(service.chunks(short_request))
+    stream_timings: list[it.StreamTiming] = []
+    request_timings: list[it.StreamTiming] = []
+    outputs: list[bool] = []
 
-    async def timed() -> list[Any]:
+    async def timed(client: it.Client, request: it.GenerateRequest) -> it.StreamTiming:
+        # each on an idle connection: right after a stream the client's loop is still
+        # finishing it, and that work lands between a request's write and its "sent" stamp
+        await asyncio.sleep(IDLE_GAP_S)
         timing = it.StreamTiming()
-        async with it.connect(transport, server.address, codec=codec) as client:
-            # untimed first: the connection is open and the server has built the workload,
-            # so the request's stages are a steady-state request's
-            [chunk async for chunk in client.generate(request)]
-            chunks = [chunk async for chunk in client.generate(request, timing=timing)]
-        timings.append(timing)
-        return chunks
+        chunks = [chunk async for chunk in client.generate(request, timing=timing)]
+        outputs.append(chunks == (expected if request is stream_request else expected_short))
+        return timing
 
-    chunks = benchmark.pedantic(lambda: stage_env.loop.run_until_complete(timed()), rounds=1)
+    async def measure() -> None:
+        async with it.connect(transport, server.address, codec=codec) as client:
+            # untimed first: the connection is open, the server process past its cold start
+            # and the workload built, so what follows is a steady-state request's
+            for _ in range(WARMUP_STREAMS):
+                await timed(client, stream_request)
+            for _ in range(warmup_requests):
+                await timed(client, short_request)
+            outputs.clear()
+            stream_timings.extend([await timed(client, stream_request) for _ in range(streams)])
+            request_timings.extend([await timed(client, short_request) for _ in range(requests)])
+
+    benchmark.pedantic(lambda: stage_env.loop.run_until_complete(measure()), rounds=1)
     benchmark.group = "stages"
-    stages = timings[-1].stages_ns()
-    medians = {name: float(np.median(values)) / 1e3 for name, values in stages.items()}
-    request_stages = {name: ns / 1e3 for name, ns in timings[-1].request_stages_ns().items()}
+    per_stream = [t.stages_ns() for t in stream_timings]
+    pooled = {name: np.concatenate([s[name] for s in per_stream]) for name in per_stream[0]}
+    per_request = [t.request_stages_ns() for t in request_timings]
+    whole = [len(r) == len(REQUEST_STAGES) for r in per_request]
+    request_samples = {
+        name: np.asarray([r[name] for r in per_request if r], dtype=np.float64)
+        for name in REQUEST_STAGES
+    }
+    stages_us, stages_p90_us = percentiles_us(pooled)
+    request_us, request_p90_us = percentiles_us(request_samples)
     benchmark.extra_info.update(
         transport=transport,
         codec=codec,
         op="stages",
         workload=workload,
         decode_ms=DECODE_MS,
-        chunks=len(chunks),
-        stages_us=medians,
-        request_stages_us=request_stages,
-        correct=chunks == expected
-        and len(timings[-1].server) == len(expected)
-        and len(request_stages) == len(REQUEST_STAGES),
+        chunks=len(expected),
+        streams=streams,
+        warmup_streams=WARMUP_STREAMS,
+        pooled_chunks=len(pooled["serialize"]),
+        stages_us=stages_us,
+        stages_p90_us=stages_p90_us,
+        shares=chunk_shares(pooled, DECODE_MS),
+        requests=requests,
+        warmup_requests=warmup_requests,
+        request_tokens=REQUEST_TOKENS,
+        idle_gap_ms=IDLE_GAP_S * 1e3,
+        request_stages_us=request_us,
+        request_stages_p90_us=request_p90_us,
+        correct=all(outputs)
+        and len(outputs) == streams + requests
+        and all(len(t.server) == len(expected) for t in stream_timings)
+        and all(whole),
     )
     assert benchmark.extra_info["correct"], f"{transport} {codec}: wrong stream or stamps"
 
 
 @pytest.mark.parametrize("pattern", ["stream", "request-per-token"])
-@pytest.mark.parametrize("path", ["direct", "proxied"])
 @pytest.mark.parametrize("transport", ["http1", "grpc"])
-def bench_wan_share(
-    benchmark: Any, stage_env: _Env, transport: str, path: str, pattern: str
-) -> None:
+def bench_wan_share(benchmark: Any, stage_env: _Env, transport: str, pattern: str) -> None:
     codec = "protobuf"
-    compute_ms = 0.0 if benchmark.disabled else WAN_DECODE_MS
+    quick = benchmark.disabled
+    compute_ms = 0.0 if quick else WAN_DECODE_MS
     server = stage_env.server(transport, codec, compute_ms, compute_ms)
-    delay_ms = 1.0 if benchmark.disabled else WAN_DELAY_MS
-    address = stage_env.proxy(server, delay_ms).address if path == "proxied" else server.address
-    tokens = 2 if benchmark.disabled else WAN_TOKENS
+    delay_ms = 1.0 if quick else WAN_DELAY_MS
+    addresses = {"direct": server.address, "proxied": stage_env.proxy(server, delay_ms).address}
+    tokens = 2 if quick else WAN_TOKENS
+    pairs = 1 if quick else WAN_PAIRS
     service = it.SimulatedService(token_stream_source)
     stream_request = it.GenerateRequest(workload="stream-16", max_tokens=tokens)
     token_requests = [
@@ -145,28 +221,47 @@ def bench_wan_share(
             out += [chunk async for chunk in client.generate(request)]
         return out
 
-    client = stage_env.loop.run_until_complete(_connect(transport, address, codec))
+    loop = stage_env.loop
+    clients = {
+        path: loop.run_until_complete(_connect(transport, address, codec))
+        for path, address in addresses.items()
+    }
+    times_s: dict[str, list[float]] = {"direct": [], "proxied": []}
+    outputs: list[bool] = []
+
+    def pair() -> None:
+        # alternate which path goes first, so a drift of the machine within a pair cancels
+        order = ("direct", "proxied") if len(times_s["direct"]) % 2 == 0 else ("proxied", "direct")
+        for path in order:
+            start = time.perf_counter()
+            chunks = loop.run_until_complete(run(clients[path]))
+            times_s[path].append(time.perf_counter() - start)
+            outputs.append(chunks == expected)
+
     try:
-        stage_env.loop.run_until_complete(run(client))  # warm: connection open
-        chunks = benchmark.pedantic(
-            lambda: stage_env.loop.run_until_complete(run(client)),
-            rounds=1 if benchmark.disabled else 3,
-        )
+        for client in clients.values():
+            loop.run_until_complete(run(client))  # warm: connections open
+        benchmark.pedantic(pair, rounds=pairs)
     finally:
-        stage_env.loop.run_until_complete(client.close())
+        for client in clients.values():
+            loop.run_until_complete(client.close())
     benchmark.group = "wan share"
+    direct, proxied = (np.asarray(times_s[p]) for p in ("direct", "proxied"))
     benchmark.extra_info.update(
         transport=transport,
         codec=codec,
         op="wan-share",
-        path=path,
         pattern=pattern,
         tokens=tokens,
         compute_ms_per_token=compute_ms,
-        one_way_delay_ms=delay_ms if path == "proxied" else 0.0,
-        correct=chunks == expected,
+        one_way_delay_ms=delay_ms,
+        pairs=pairs,
+        direct_ms=float(np.median(direct)) * 1e3,
+        proxied_ms=float(np.median(proxied)) * 1e3,
+        network_share=float(np.median(1 - direct / proxied)),
+        correct=all(outputs) and len(outputs) == 2 * pairs,
     )
-    assert chunks == expected, f"{transport} {path} {pattern}: wrong tokens"
+    assert benchmark.extra_info["correct"], f"{transport} {pattern}: wrong tokens"
 
 
 async def _connect(transport: str, address: str, codec: str) -> it.Client:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from . import spread, stages
 from .results import CONNECTIONS_RAW, STAGES_RAW, Result, records
 from .tables import table
 
@@ -117,13 +118,6 @@ def _x(value: float) -> str:
     return f"{value:.1f}x"
 
 
-def _span(values: list[float], fmt: Any) -> str:
-    if not values:
-        return "?"
-    low, high = min(values), max(values)
-    return fmt(low) if abs(high - low) < 1e-9 else f"{fmt(low)}-{fmt(high)}"
-
-
 def _c1(by_key: dict[tuple[str, str, str], Result]) -> list[str]:
     parts = []
     built_json: dict[str, float] = {}
@@ -212,37 +206,51 @@ def _c4_c9_c10(raw_dir: Path) -> dict[str, list[str]]:
     results = [r for r in records(raw_dir / STAGES_RAW) if r["op"] == "stages"]
     if not results:
         return {c: ["not in this run", "-", "-"] for c in ("C4", "C9", "C10")}
-    decode_us = results[0]["decode_ms"] * 1e3
-    path_share = [
-        (r["stages_us"]["serialize"] + r["stages_us"]["parse"]) / r["stages_us"]["end_to_end"]
-        for r in results
-    ]
-    with_compute = [
-        (r["stages_us"]["serialize"] + r["stages_us"]["parse"])
-        / (r["stages_us"]["end_to_end"] + decode_us)
-        for r in results
-    ]
-    transport_share = [
-        r["stages_us"]["end_to_end"] / (r["stages_us"]["end_to_end"] + decode_us) for r in results
-    ]
+    decode_ms = results[0]["decode_ms"]
+    chunks = results[0].get("pooled_chunks", results[0].get("chunks", "?"))
+
+    def share(name: str) -> Any:
+        return lambda r: stages.chunk_share(r, name)
+
+    def span(name: str, fmt: Any = _pct) -> str:
+        return stages.span_cells(results, f"shares.{name}", share(name), fmt)
+
+    transport = span("transport_with_compute")
     c4 = [
-        f"per streamed token, every transport x codec, service at {decode_us / 1e3:g} ms/token",
-        f"serialize + parse: {_span(path_share, _pct)} of the token's path from the model to the "
-        f"client; {_span(with_compute, _pct)} once {decode_us / 1e3:g} ms of compute is counted",
+        f"per streamed token, every transport x codec, service at {decode_ms:g} ms/token; "
+        + (
+            f"medians of per-chunk shares over {chunks} chunks a cell"
+            if "shares" in results[0]
+            else "ratios of the median stages"
+        ),
+        f"serialize + parse: {span('serialize_parse')} of the token's path from the model to "
+        f"the client; {span('serialize_parse_with_compute')} once {decode_ms:g} ms of compute "
+        "is counted",
         "holds only when compute per token is small: in the transport path alone the share is "
         "in or above the range; beside a millisecond of compute it is far below",
     ]
     c9 = [
         "per-stage split of a streamed token (the service has no preprocessing stage)",
-        f"network + serialization (produced to decoded): {_span(transport_share, _pct)} of a "
-        f"token's time at {decode_us / 1e3:g} ms of compute per token",
+        f"network + serialization (produced to decoded): {transport} of a token's time at "
+        f"{decode_ms:g} ms of compute per token",
         "not testable as stated (no preprocessing model); the network + serialization share "
         "shown instead",
     ]
+    # compute is the rest of a token's time: its repeats are 1 - each repeat's share
+    rest = [
+        {
+            **r,
+            "compute_share": 1 - stages.chunk_share(r, "transport_with_compute"),
+            spread.REPEATS_KEY: {
+                "compute_share": [1 - v for v in spread.values(r, "shares.transport_with_compute")]
+            },
+        }
+        for r in results
+    ]
+    compute = stages.span_cells(rest, "compute_share", lambda r: r["compute_share"], _pct)
     c10 = [
         "same split",
-        f"compute {_span([1 - s for s in transport_share], _pct)}, network + serialization "
-        f"{_span(transport_share, _pct)}; no scheduling stage is modelled",
+        f"compute {compute}, network + serialization {transport}; no scheduling stage is modelled",
         "does not hold for a loopback stream with 1 ms compute; the share depends on compute "
         "per token and the link (see C7)",
     ]
@@ -269,25 +277,23 @@ def _c5_c6(raw_dir: Path) -> dict[str, list[str]]:
             "; ".join(parts),
             "holds; HTTP/1.1 keep-alive gives the same 1" if holds else "does not hold",
         ]
-    setup = {
-        (r["transport"], r["concurrency"], r["tls"], r["delay_ms"], r["mode"]): r["median_s"]
+    # the saving is paired: new and reused rounds alternate in one benchmark per cell
+    grpc_100 = {
+        (r["tls"], r["delay_ms"]): r
         for r in results
         if r["op"] == "connection-setup"
+        and "saved" in r
+        and r["transport"] == "grpc"
+        and r["concurrency"] == 100
     }
-    saved = {}
-    for tls in (False, True):
-        for delay in (0, 20):
-            new = setup.get(("grpc", 100, tls, delay, "new"))
-            reused = setup.get(("grpc", 100, tls, delay, "reused"))
-            if new and reused:
-                saved[(tls, delay)] = 1 - reused / new
-    if saved:
+    if grpc_100:
         text = "; ".join(
-            f"{'TLS' if tls else 'plain'}, {delay} ms one way: {_pct(value)}"
-            for (tls, delay), value in sorted(saved.items())
+            f"{'TLS' if tls else 'plain'}, {delay} ms one way: "
+            + spread.cell(r, "saved", r["saved"], _pct)
+            for (tls, delay), r in sorted(grpc_100.items())
         )
-        tls_ok = [v for (tls, _), v in saved.items() if tls and v >= 0.7]
-        plain_ok = [v for (tls, _), v in saved.items() if not tls and v >= 0.7]
+        tls_ok = [r for (tls, _), r in grpc_100.items() if tls and r["saved"] >= 0.7]
+        plain_ok = [r for (tls, _), r in grpc_100.items() if not tls and r["saved"] >= 0.7]
         verdict = (
             "holds"
             if tls_ok and plain_ok
@@ -295,8 +301,10 @@ def _c5_c6(raw_dir: Path) -> dict[str, list[str]]:
             if tls_ok
             else "does not hold"
         )
+        pairs = next(iter(grpc_100.values()))["pairs"]
         out["C6"] = [
-            "gRPC, 100 concurrent clients, new channel per request vs reused",
+            "gRPC, 100 concurrent clients, new channel per request vs reused; median over "
+            f"{pairs} alternating pairs of rounds of 1 - reused / new",
             text,
             verdict,
         ]
@@ -304,21 +312,30 @@ def _c5_c6(raw_dir: Path) -> dict[str, list[str]]:
 
 
 def _c7(raw_dir: Path) -> list[str]:
-    results = [r for r in records(raw_dir / STAGES_RAW) if r["op"] == "wan-share"]
-    by = {(r["transport"], r["path"], r["pattern"]): r for r in results}
-    shares: dict[str, list[float]] = {"stream": [], "request-per-token": []}
-    for (transport, path, pattern), proxied in by.items():
-        direct = by.get((transport, "direct", pattern))
-        if path == "proxied" and direct:
-            shares[pattern].append(1 - direct["median_s"] / proxied["median_s"])
-    if not shares["stream"]:
+    # paired only: direct and proxied alternate in one benchmark per transport and pattern
+    results = [
+        r for r in records(raw_dir / STAGES_RAW) if r["op"] == "wan-share" and "network_share" in r
+    ]
+    by_pattern = {
+        pattern: [r for r in results if r["pattern"] == pattern]
+        for pattern in ("stream", "request-per-token")
+    }
+    if not by_pattern["stream"]:
         return ["not in this run", "-", "-"]
+
+    def shares(pattern: str) -> str:
+        return stages.span_cells(
+            by_pattern[pattern], "network_share", lambda r: float(r["network_share"]), _pct
+        )
+
     first = results[0]
+    round_trip_ms = 2 * first["one_way_delay_ms"]
     return [
-        f"{first['tokens']} tokens, {first['compute_ms_per_token']:g} ms compute each, 40 ms round"
-        " trip through the WAN-delay proxy",
-        f"network share: {_span(shares['stream'], _pct)} streamed; "
-        f"{_span(shares['request-per-token'], _pct)} with one request per token",
+        f"{first['tokens']} tokens, {first['compute_ms_per_token']:g} ms compute each, "
+        f"{round_trip_ms:g} ms round trip through the WAN-delay proxy; direct and proxied "
+        f"alternating, median over {first['pairs']} pairs of 1 - direct / proxied",
+        f"network share: {shares('stream')} streamed; {shares('request-per-token')} with one "
+        "request per token",
         "holds only when every token costs a round trip; a stream pays the delay once",
     ]
 
