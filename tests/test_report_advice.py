@@ -94,7 +94,7 @@ def test_service_to_service_weighs_encode_and_decode_and_picks_a_transport(
     row = _answers(tmp_path)[("token stream", "service to service")]
     # delta: (10 + 20) / (0.5 + 1) = 20x the round trip of json; 6% of its bytes
     assert row[2].startswith("`delta`; `http1`: 1.05x `tcp` per token")
-    assert "encode + decode 20.0x faster than `json`, 6% of its bytes" == row[3]
+    assert row[3] == "encode + decode 20.0x faster than `json`, 6% of its bytes"
 
 
 def test_a_long_round_trip_gets_the_fewest_bytes(tmp_path: Path) -> None:
