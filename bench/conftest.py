@@ -49,6 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 _CALIBRATION = pytest.StashKey[Calibration]()
 _MIDDLE = pytest.StashKey[int]()
+_STARTED = pytest.StashKey[int]()
 
 
 def _calibration(config: pytest.Config) -> Calibration | None:
@@ -64,6 +65,7 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, None, None]:
         calibration.point("start")
         config.stash[_CALIBRATION] = calibration
         config.stash[_MIDDLE] = len(session.items) // 2
+        config.stash[_STARTED] = 0
     yield
     ended = _calibration(config)
     if ended is not None:
@@ -76,8 +78,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     calibration = _calibration(config)
     if calibration is None:
         return
-    config.stash[_MIDDLE] -= 1
-    if config.stash[_MIDDLE] == 0:  # half the items have run
+    started = config.stash[_STARTED]
+    config.stash[_STARTED] = started + 1
+    # once half the items have run (a single item has no middle: its start is the run's)
+    if started and started == config.stash[_MIDDLE]:
         calibration.point("middle")
 
 
