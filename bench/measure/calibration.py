@@ -102,7 +102,8 @@ def cpu_times() -> CpuTimes | None:
             cpu = child.cpu_times()
         except psutil.Error:
             continue
-        own += cpu.user + cpu.system
+        # its children_* hold the descendants it has waited for, which are no longer listed
+        own += cpu.user + cpu.system + cpu.children_user + cpu.children_system
     return CpuTimes(
         busy_s=sum(ticks[i] for i in _BUSY_FIELDS) / hz,
         steal_s=ticks[_STEAL_FIELD] / hz if len(ticks) > _STEAL_FIELD else 0.0,
