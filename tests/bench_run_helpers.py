@@ -17,9 +17,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-import psutil
+import psutil  # type: ignore[import-untyped, unused-ignore]
 
 NEIGHBOUR_LIFETIME_S: Final = 120.0
 """The busy loop ends by itself after this, should the test's own kill never run."""
@@ -68,9 +68,18 @@ def bench_second(benchmark):
 """
 
 
-def write_suite(directory: Path, name: str = "bench_two.py", body: str = TWO_BENCHMARKS) -> Path:
+def write_suite(
+    directory: Path,
+    name: str = "bench_two.py",
+    body: str = TWO_BENCHMARKS,
+    *,
+    calibrated: bool = True,
+) -> Path:
+    """``directory/name`` holding ``body``; ``calibrated``: beside the conftest that loads the
+    project's (without it a run is plain pytest-benchmark, and quicker)."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "conftest.py").write_text(SUITE_CONFTEST)
+    if calibrated:
+        (directory / "conftest.py").write_text(SUITE_CONFTEST)
     suite = directory / name
     suite.write_text(body)
     return suite
@@ -117,3 +126,24 @@ def busy_neighbour() -> Iterator[int]:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def result_file(
+    benchmarks: list[dict[str, Any]], calibration: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A suite's result file as pytest-benchmark writes it (the parts the code reads)."""
+    run: dict[str, Any] = {
+        "machine_info": {"node": "vm"},
+        "commit_info": {"id": "abc"},
+        "benchmarks": benchmarks,
+        "datetime": "2026-01-01T00:00:00",
+        "version": "5.1.0",
+    }
+    if calibration is not None:
+        run["calibration"] = calibration
+    return run
+
+
+def verdict(stable: bool, *reasons: str) -> dict[str, Any]:
+    """A calibration reduced to its verdict."""
+    return {"points": [], "stable": stable, "reasons": list(reasons)}
