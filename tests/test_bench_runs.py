@@ -152,7 +152,8 @@ import pathlib
 
 def bench_flaky(benchmark):
     benchmark(sum, range(10))
-    marker = pathlib.Path(os.environ["INFERWIRE_TEST_FAIL_MARKER"])
+    # a marker per suite file, in the directory the test names
+    marker = pathlib.Path(os.environ["INFERWIRE_TEST_MARKERS"]) / pathlib.Path(__file__).name
     first = not marker.exists()
     marker.touch()
     assert first, "this suite fails from its second run on"
@@ -183,14 +184,21 @@ def test_a_failing_suite_publishes_nothing(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Repeat 1 of both suites passes and is staged; repeat 2 of the second fails: the
-    published run is left as it was, nothing of this one stays."""
+    """Repeat 1 of every suite passes and is staged; in repeat 2 the suite that is not
+    repeated is skipped (it would fail, as the last one does): the published run is left as it
+    was, nothing of this one stays."""
     write_suite(tiny_suites, "bench_good.py", calibrated=False)
+    write_suite(tiny_suites, "bench_once.py", FLAKY, calibrated=False)
     write_suite(tiny_suites, "bench_flaky.py", FLAKY, calibrated=False)
-    monkeypatch.setattr(
-        cli, "SUITES", (("bench_good.py", "good.json"), ("bench_flaky.py", "f.json"))
+    suites = (
+        ("bench_good.py", "good.json", True),
+        ("bench_once.py", "once.json", False),
+        ("bench_flaky.py", "flaky.json", True),
     )
-    monkeypatch.setenv("INFERWIRE_TEST_FAIL_MARKER", str(tmp_path / "ran-once"))
+    monkeypatch.setattr(cli, "SUITES", suites)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setenv("INFERWIRE_TEST_MARKERS", str(markers))
     out = tmp_path / "results"
     _write(out / "raw" / "good.json", STABLE)
     _write(out / "raw" / cli.REPEATS_DIR / "1" / "good.json", STABLE)
@@ -199,12 +207,12 @@ def test_a_failing_suite_publishes_nothing(
     status = cli.main(["bench", "--out", str(out), "--repeat", "2", "--max-time", "0.01"])
 
     assert status == 1
-    assert (tmp_path / "ran-once").exists()  # the first repeat did run
+    assert sorted(p.name for p in markers.iterdir()) == ["bench_flaky.py", "bench_once.py"]
     assert _published(out) == before
     assert sorted(p.name for p in out.iterdir()) == ["raw"]  # no staging, README or kept run
-    assert "bench_flaky.py (repeat 2 of 2) failed (exit 1); no results written" in (
-        capsys.readouterr().err
-    )
+    err = capsys.readouterr().err
+    assert "bench_flaky.py (repeat 2 of 2) failed (exit 1); no results written" in err
+    assert "bench_once.py" not in err
 
 
 def test_an_unstable_run_is_not_published_over_a_stable_one(
@@ -213,7 +221,7 @@ def test_an_unstable_run_is_not_published_over_a_stable_one(
     """A busy neighbour runs all through the suite: its calibration reads other processes'
     CPU past the bound, and the stable published run stays; this one is kept aside."""
     write_suite(tiny_suites)
-    monkeypatch.setattr(cli, "SUITES", (("bench_two.py", "two.json"),))
+    monkeypatch.setattr(cli, "SUITES", (("bench_two.py", "two.json", True),))
     out = tmp_path / "results"
     _write(out / "raw" / "two.json", STABLE)
     before = _published(out / "raw")
@@ -231,7 +239,10 @@ def test_an_unstable_run_is_not_published_over_a_stable_one(
     assert unstable["run"]["stable"] is False
     assert unstable["run"]["unstable"] == {"two.json": merge.unstable_reasons(unstable)}
     assert [b["name"] for b in unstable["benchmarks"]] == ["bench_first", "bench_second"]
-    assert (kept / cli.REPEATS_DIR / "1" / "two.json").is_file()
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*.json")) == [
+        "repeats/1/two.json",
+        "two.json",
+    ]
 
 
 # --- inferwire bench, the real suites, once -----------------------------------------------

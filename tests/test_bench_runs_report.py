@@ -114,6 +114,23 @@ def test_the_deviation_is_of_the_first_number_of_the_figure(tmp_path: Path) -> N
     assert reproducibility.first_number("no figure") is None
 
 
+def test_the_what_to_use_answers_are_counted_when_given(tmp_path: Path) -> None:
+    _repeat_dirs(tmp_path, 2)
+    nothing = _Judged({})
+    answers = _Judged(
+        {
+            "1": [["stream, browser", "http1 orjson"], ["tensors, hop", "grpc tensor"]],
+            "2": [["stream, browser", "http1 orjson"], ["tensors, hop", "http2 tensor"]],
+        }
+    )
+    published = [["stream, browser", "http1 orjson"], ["tensors, hop", "grpc tensor"]]
+
+    text = reproducibility.section(tmp_path, [], nothing, [], nothing, published, answers)
+    assert "What to use: 1 of 2 answers are the same in every repeat." in text
+    without = reproducibility.section(tmp_path, [], nothing, [], nothing)
+    assert "What to use" not in without
+
+
 def test_fewer_than_two_repeats_have_no_section(tmp_path: Path) -> None:
     every = _Judged({"1": [_target("T1", "1.00x", "met")]})
     assert reproducibility.section(tmp_path, [], every, [], every) == ""
