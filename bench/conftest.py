@@ -59,7 +59,14 @@ def _calibration(config: pytest.Config) -> Calibration | None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtestloop(session: pytest.Session) -> Generator[None, None, None]:
     config = session.config
-    timed = not getattr(config.option, "benchmark_disable", True)
+    # pytest-benchmark's own verdict (it is off under --benchmark-disable unless
+    # --benchmark-enable, and in an xdist worker), when it exposes one: a run it does not time
+    # writes no JSON to record a calibration in
+    benchmarks = getattr(config, "_benchmarksession", None)
+    if benchmarks is not None:
+        timed = not benchmarks.disabled
+    else:
+        timed = not getattr(config.option, "benchmark_disable", True)
     if timed and session.items and not config.option.collectonly:
         calibration = Calibration()
         calibration.point("start")

@@ -120,7 +120,7 @@ def test_steal_and_others_are_read_from_proc_stat(
     assert summary["wall_s"] == pytest.approx(1_000 / summary["cpus"])
     assert summary["stable"] is False
     assert any(
-        f"CPU steal was 10% of the CPUs' time (bound {STEAL_BOUND:.0%})" == r
+        f"CPU steal was 10.0% of the CPUs' time (bound {STEAL_BOUND:.0%})" == r
         for r in summary["reasons"]
     ), summary["reasons"]
     assert any(r.startswith("other processes used 5") for r in summary["reasons"])
@@ -304,3 +304,37 @@ def test_an_untimed_run_takes_no_calibration(tmp_path: Path) -> None:
     written, taken = _run_suite(tmp_path, "--benchmark-disable")
     assert written is None  # pytest-benchmark writes no JSON for an untimed run
     assert taken == []
+
+
+def test_a_run_pytest_benchmark_turned_off_takes_no_calibration(tmp_path: Path) -> None:
+    """In an xdist worker pytest-benchmark times nothing (and writes no JSON), even without
+    --benchmark-disable: no calibration is taken for it."""
+    suite = write_suite(tmp_path / "suite")
+    log = tmp_path / "points.log"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(suite),
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:hypothesispytest",
+            "-q",
+            "-o",
+            "python_files=bench_*.py",
+            "-o",
+            "python_functions=bench_*",
+        ],
+        cwd=tmp_path,
+        env=clean_env(**{POINT_LOG_ENV: str(log), "PYTEST_XDIST_WORKER": "gw0"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not log.exists(), log.read_text()

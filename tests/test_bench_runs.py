@@ -330,3 +330,16 @@ def test_the_command_writes_the_report_with_its_repeats(real_run: Path) -> None:
     assert "2 repeat(s) of each suite" in machine_part
     assert "| `codecs` | 1 |" in machine_part
     assert "| `codecs` | 2 |" in machine_part
+
+
+def test_a_run_of_suites_other_than_the_codecs_is_published(
+    tiny_suites: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No codec results (a -k that selected none, into a new OUT): the suites that ran are
+    published, and the report waits for the codec file instead of failing after the fact."""
+    write_suite(tiny_suites, calibrated=False)
+    monkeypatch.setattr(cli, "SUITES", (("bench_two.py", "two.json", True),))
+    out = tmp_path / "results"
+    assert cli.main(["bench", "--out", str(out), "--max-time", "0.01"]) == 0
+    assert json.loads((out / "raw" / "two.json").read_text())["benchmarks"]
+    assert not (out / "raw" / cli.REPEATS_DIR).exists()  # one repeat: its file is the merge

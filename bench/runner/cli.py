@@ -73,6 +73,10 @@ def _suite_command(suite: str, json_path: Path, args: argparse.Namespace) -> lis
         str(SUITES_DIR / suite),
         "-p",
         "no:cacheprovider",
+        # the hypothesis plugin (installed with the dev extra) costs seconds of imports per
+        # suite process and no benchmark uses it
+        "-p",
+        "no:hypothesispytest",
         "-q",
         "--import-mode=importlib",
         # the suites' naming, so an installed (non-checkout) copy collects them too
@@ -171,11 +175,15 @@ def _bench(args: argparse.Namespace) -> int:
         staging.replace(kept)
         print(refused + f" This run is kept in {kept}; --force publishes it.", file=sys.stderr)
         return UNSTABLE_EXIT
-    _publish(staging, raw, ran)
+    _publish(staging, raw, ran, keep_repeats=args.repeat > 1)
     if not run_info["stable"]:
         for name, reasons in run_info["unstable"].items():
             print(f"{name}: unstable run ({'; '.join(reasons)})", file=sys.stderr)
-    written = readme.write(raw / results.CODECS_RAW, out)
+    codecs_raw = raw / results.CODECS_RAW
+    if not codecs_raw.is_file():  # a -k that selected no codec benchmark, into a new OUT
+        print(f"published to {raw}; no README.md until {codecs_raw} exists (inferwire report)")
+        return 0
+    written = readme.write(codecs_raw, out)
     print(f"wrote {written}")
     return 0
 
@@ -202,14 +210,17 @@ def _refusal(raw: Path, merged: dict[str, dict[str, Any]], force: bool) -> str:
     return ""
 
 
-def _publish(staging: Path, raw: Path, ran: dict[str, list[Path]]) -> None:
+def _publish(
+    staging: Path, raw: Path, ran: dict[str, list[Path]], *, keep_repeats: bool = True
+) -> None:
     """Each suite's merged file to raw/, its repeats to raw/repeats/N/ (an older run's
-    repeats of the same suite removed first, so no stale repeat is read as this run's)."""
+    repeats of the same suite removed first, so no stale repeat is read as this run's; a run
+    of one repeat keeps none: its one file is the merged one)."""
     for old in (raw / REPEATS_DIR).glob("*/*.json"):
         if old.name in ran:
             old.unlink()
     for name, paths in ran.items():
-        for path in paths:
+        for path in paths if keep_repeats else ():
             target = raw / path.relative_to(staging)
             target.parent.mkdir(parents=True, exist_ok=True)
             path.replace(target)
