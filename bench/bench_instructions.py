@@ -16,8 +16,8 @@ embed-32x1024, embed-8x4096, image-fp16): the run takes about two minutes here. 
 ``extra_info``: ``instructions`` (``"codec|workload|op"`` -> instructions per chunk, per
 message for unary workloads, the counting overhead subtracted), ``overhead_instructions``,
 ``repeat_difference`` (cell -> relative difference of two counts of it in the same process),
-``repeatable`` (every such difference under 1%), ``valgrind``, ``python``. Without valgrind
-the benchmark skips and says so.
+``repeatable`` (every such difference under 1%), ``valgrind``, ``python``, ``left_out`` (the
+cells not counted, one line for the report). Without valgrind the benchmark skips and says so.
 """
 
 from __future__ import annotations
@@ -43,9 +43,11 @@ def bench_instructions(benchmark: Any) -> None:
     if benchmark.disabled:
         cells = instructions.disabled_cells()
         repeat = cells[:1]
+        left_out = "an untimed run: two cells only"
     else:
         cells = instructions.timed_cells()
         repeat = [instructions.Cell(codec=c, workload=w, op=o) for c, w, o in REPEATED_CELLS]
+        left_out = instructions.LEFT_OUT_NOTE
     benchmark.group = "instructions"
     counts = benchmark.pedantic(
         instructions.count, args=(cells,), kwargs={"repeat": repeat}, rounds=1, iterations=1
@@ -57,6 +59,7 @@ def bench_instructions(benchmark: Any) -> None:
         repeatable=all(d < REPEATABLE_WITHIN for d in counts.repeat_difference.values()),
         valgrind=counts.valgrind,
         python=counts.python,
+        left_out=left_out,
     )
     assert set(counts.instructions_per_chunk) == {c.label for c in cells}
     assert all(v > 0 for v in counts.instructions_per_chunk.values())

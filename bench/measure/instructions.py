@@ -111,6 +111,13 @@ DISABLED_CELLS: Final = (
 exercises the whole path in seconds."""
 
 
+LEFT_OUT_NOTE: Final = (
+    "not counted (callgrind's time): the stream-2048 workloads, stream-16-top5,"
+    " stream-256-multi, embed-32x1024, embed-8x4096, image-fp16, and json of image-fp32"
+)
+"""What a timed run leaves out, as the report prints it (``extra_info["left_out"]``)."""
+
+
 def timed_cells() -> list[Cell]:
     """The cells of a timed run (:data:`TIMED_WORKLOADS` less :data:`LEFT_OUT`)."""
     return [c for c in cells(TIMED_WORKLOADS) if (c.codec, c.workload) not in LEFT_OUT]
@@ -133,9 +140,7 @@ def valgrind_version() -> str:
     return out.stdout.strip()
 
 
-def cells(
-    workload_names: Iterable[str], codec_names: Iterable[str] | None = None
-) -> list[Cell]:
+def cells(workload_names: Iterable[str], codec_names: Iterable[str] | None = None) -> list[Cell]:
     """Every codec that carries the workload's messages (bench_codecs' MATRIX) x encode, decode."""
     import inferwire.codecs as ic
     from inferwire import workloads
@@ -222,15 +227,18 @@ def count(cells_: Sequence[Cell], *, repeat: Sequence[Cell] = ()) -> Counts:
             (directory / "manifest.json").read_text()
         )
         dumps = parse_dumps(directory)
-    return _counts(cells_, repeat, dumps, manifest)
+    return from_dumps(cells_, repeat, dumps, manifest)
 
 
-def _counts(
+def from_dumps(
     cells_: Sequence[Cell],
     repeat: Sequence[Cell],
     dumps: dict[str, list[int]],
     manifest: dict[str, dict[str, float]],
 ) -> Counts:
+    """The counts of the cells from the parsed dumps (:func:`parse_dumps`) and the child's
+    manifest (label -> ``messages`` and ``seconds``)."""
+
     def one(label: str, n: int) -> list[int]:
         got = dumps.get(label, [])
         if len(got) != n:

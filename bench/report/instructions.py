@@ -14,9 +14,6 @@ from typing import Any, Final
 INSTRUCTIONS_RAW: Final = "instructions.json"
 NOT_INSTALLED: Final = "not measured: valgrind not installed"
 NOT_RUN: Final = "not measured: the instructions suite (bench_instructions.py) was not run"
-LEFT_OUT: Final = (
-    "stream-2048 workloads not counted: under callgrind they alone would take minutes"
-)
 INSTRUCTIONS_KEY: Final = "instructions"
 
 
@@ -52,13 +49,15 @@ def per_chunk(raw_dir: Path) -> dict[tuple[str, str, str], float]:
 
 
 def note(raw_dir: Path) -> str:
-    """One line for under the tables: why nothing was counted, or what was left out."""
+    """One line for under the tables: why nothing was counted, or which cells the run left out
+    (the benchmark's ``left_out``, e.g. the stream-2048 workloads)."""
     if not (raw_dir / INSTRUCTIONS_RAW).exists():
         return NOT_RUN
-    if info(raw_dir) is None:
+    extra = info(raw_dir)
+    if extra is None:
         # the suite ran and wrote its file, but its only benchmark skipped: no valgrind
         return NOT_INSTALLED
-    return LEFT_OUT
+    return str(extra.get("left_out", ""))
 
 
 def per_chunk_cell(value: float) -> str:
