@@ -135,6 +135,17 @@ def test_timed_cells_leave_out_the_long_ones() -> None:
     assert len(stream) == 2 * len({c.codec for c in stream}) >= 16
 
 
+def test_left_out_note_names_every_workload_not_counted() -> None:
+    from inferwire import workloads
+
+    for workload in set(workloads.names()) - set(instructions.TIMED_WORKLOADS):
+        if not workload.startswith("stream-2048"):
+            assert workload in instructions.LEFT_OUT_NOTE
+    assert "stream-2048" in instructions.LEFT_OUT_NOTE
+    for codec, workload in instructions.LEFT_OUT:
+        assert f"{codec} of {workload}" in instructions.LEFT_OUT_NOTE
+
+
 def test_extension_is_a_no_op_outside_valgrind() -> None:
     assert _callgrind.running_on_valgrind() == 0
     # natively the requests are no-ops: nothing raised, nothing written
