@@ -19,7 +19,7 @@ all: test
 # runtime dependencies are in the dev extra, resolved with everything else
 # (requirements/tritonclient.txt says more).
 $(STAMP): pyproject.toml requirements/constraints.txt requirements/tritonclient.txt \
-		codecs/_delta_accel.c codecs/_scan.c
+		codecs/_delta_accel.c codecs/_scan.c bench/measure/_callgrind.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c requirements/constraints.txt -e '.[dev]'
@@ -62,12 +62,14 @@ benchcheck: $(STAMP)
 
 # System tools the tests drive, from Debian's packages, installed only when missing (so a second
 # run changes nothing): h2load loads the HTTP/2 server; a C++ compiler builds the FlatBuffers
-# reader that flatc generates. Needs root (a fresh machine here, and CI, are); elsewhere the
-# tests that need a missing tool skip and say which.
+# reader that flatc generates; valgrind counts the codecs' instructions (bench_instructions.py).
+# Needs root (a fresh machine here, and CI, are); elsewhere the tests that need a missing tool
+# skip and say which.
 sysdeps:
 	@missing=""; \
 	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
 	command -v c++ >/dev/null || missing="$$missing g++"; \
+	command -v valgrind >/dev/null || missing="$$missing valgrind"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
