@@ -21,6 +21,7 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire import workloads
 from inferwire.bench.report import results
+from inferwire.bench.report.instructions import INSTRUCTIONS_RAW
 from inferwire.bench.runner import merge
 from inferwire.transports import extras, serve
 from inferwire.transports.arguments import CommandError, Commands, Parser, positive, run
@@ -31,9 +32,10 @@ transports for AI serving, and the servers, proxy and load generator they use.""
 
 BENCH_DESCRIPTION: Final = """\
 Runs the standard benchmark matrix (the pytest-benchmark suites bench_*.py: codecs,
-transports, connections, stages, load, peers, faults), each --repeat times in a fresh process
-(the faults suite once: its figures are counts, not timings), writes each suite's results to
-OUT/raw/ (the median over repeats; every repeat under OUT/raw/repeats/N/) and the tables to
+transports, connections, stages, load, peers, faults, instructions), each --repeat times in a
+fresh process (the faults suite once: its figures are counts, not timings; the instruction
+counts under callgrind once: they are the same in every process), writes each suite's results
+to OUT/raw/ (the median over repeats; every repeat under OUT/raw/repeats/N/) and the tables to
 OUT/README.md. Every suite times calibration workloads at its start, middle and end and reads
 the machine's CPU counters: a run in which they moved, or other processes or CPU steal took
 their share of the machine, is unstable, and is not published over a stable run unless
@@ -62,6 +64,7 @@ SUITES = (
     ("bench_load.py", results.LOAD_RAW, True),
     ("bench_peers.py", results.PEERS_RAW, True),
     ("bench_faults.py", results.FAULTS_RAW, False),
+    ("bench_instructions.py", INSTRUCTIONS_RAW, False),
 )
 
 
