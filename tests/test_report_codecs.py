@@ -240,16 +240,68 @@ def test_rounds_time_every_subject_once_a_round_in_seeded_shuffled_orders() -> N
     assert orders("y") != first
 
 
-def test_rounds_calibrate_loops_keep_results_and_pair_within_rounds() -> None:
+def test_rounds_calibrate_loops_keep_the_last_results_and_pair_within_rounds() -> None:
     rounds = Rounds({"fast": lambda: 1, "slow": lambda: sum(range(100_000))}, seed="s")
     rounds.calibrate()
     assert rounds.loops["fast"] > 1
     assert rounds.loops["slow"] >= 1
     assert rounds.first == {"fast": 1, "slow": sum(range(100_000))}
     assert 7 <= rounds.plan() <= 200
-    assert rounds.plan(budget_s=0.0, min_rounds=3) == 3
+    assert rounds.plan(budget_s=0.0, min_rounds=2) == 2
+    rounds.one_round()
+    assert rounds.last == {}  # results are kept from the last planned round only
     rounds.one_round()
     assert rounds.last == rounds.first
+    assert rounds.rounds == 2
     # the ratio is the median of the per-round ratios, not a ratio of medians
     rounds.per_call_s = {"a": [1.0, 2.0, 30.0], "b": [1.0, 4.0, 10.0]}
     assert rounds.ratio("a", "b") == 1.0
+
+
+def _level(codec: str, workload: str, op: str, ratio: float | None = None) -> Result:
+    return Result(
+        codec=codec,
+        workload=workload,
+        op=op,
+        median_s=1e-3,
+        iqr_s=1e-4,
+        rounds=9,
+        wire_bytes=10,
+        messages=1,
+        correct=True,
+        paired_ratio=ratio,
+        repeats={"paired_ratio": [ratio - 0.01, ratio, ratio + 0.02]} if ratio else {},
+    )
+
+
+def _wrapper_results(ratios: dict[str, list[float]]) -> list[Result]:
+    cells = [(w, op) for w in claims.C1_WORKLOADS for op in ("encode", "decode")]
+    out = []
+    for codec, values in ratios.items():
+        for (workload, op), ratio in zip(cells, values, strict=True):
+            out.append(_level(codec, workload, f"codec-{op}", ratio))
+            out.append(_level(codec, workload, f"direct-{op}"))
+    return out
+
+
+def _wrapper_row(results: list[Result]) -> list[str]:
+    (row,) = [r for r in codecs.target_rows(results) if r[0].startswith("every codec's API")]
+    return row
+
+
+def test_wrapper_target_reads_each_codecs_median_not_one_noisy_cell() -> None:
+    # one cell of json far over (noise), every cell of protobuf a little under the target
+    row = _wrapper_row(
+        _wrapper_results({"json": [1.3, 1.0, 1.0, 0.99, 1.01, 1.0], "protobuf": [1.04] * 6})
+    )
+    assert "`protobuf`" in row[1]
+    assert row[2:] == ["1.040x (1.030x-1.060x)", "<= 1.05x", "met"]
+
+
+def test_wrapper_target_is_missed_by_a_codec_over_in_most_cells() -> None:
+    row = _wrapper_row(
+        _wrapper_results({"json": [1.0] * 6, "msgpack": [1.08, 1.09, 1.02, 1.07, 1.1, 1.0]})
+    )
+    assert "`msgpack`" in row[1]
+    assert row[2].startswith("1.075x")
+    assert row[4] == "**missed**"

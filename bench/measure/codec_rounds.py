@@ -6,8 +6,10 @@ Each subject's sample is ``loops`` back-to-back calls, ``loops`` chosen once bef
 so that a sample lasts at least ``min_sample_s`` (a reading of a few microseconds is mostly
 timer and interrupt noise); a sample is reported per call. Subjects can be grouped in blocks
 run back to back (a codec's levels, whose ratio is what is read), the blocks and the subjects
-inside each shuffled per round. The shuffle is seeded from the benchmark's name: a rerun runs
-the same orders.
+inside each shuffled per round; with ``warm_blocks`` each block starts with an untimed call, so
+that subjects within a few % of each other are compared from the same (warm) cache rather than
+from whatever the block before left there. The shuffle is seeded from the benchmark's name: a
+rerun runs the same orders.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ MIN_SAMPLE_S: Final = 50e-6
 BUDGET_S: Final = 0.3
 """Time the rounds of one benchmark may take, whatever the machine (calibration excluded)."""
 MIN_ROUNDS: Final = 7
+WARM_S: Final = 0.01
+WARM_TIMINGS: Final = 3
+"""A first call shorter than ``WARM_S`` is timed this many times again, warm; the quickest
+calibrates (a loaded machine's slow readings would make the samples too short)."""
 MAX_ROUNDS: Final = 200
 
 
@@ -59,18 +65,23 @@ class Rounds:
         seed: str,
         blocks: Sequence[Sequence[str]] | None = None,
         min_sample_s: float = MIN_SAMPLE_S,
+        warm_blocks: bool = False,
     ) -> None:
         self._subjects = dict(subjects)
         self._blocks = [list(b) for b in blocks] if blocks else [[name] for name in subjects]
         assert sorted(n for b in self._blocks for n in b) == sorted(self._subjects)
         self._random = random.Random(zlib.crc32(seed.encode()))
         self._min_sample_s = min_sample_s
+        self._warm_blocks = warm_blocks
         self._round_estimate_s = 0.0
         self.loops = dict.fromkeys(self._subjects, 1)
+        self._call_s = dict.fromkeys(self._subjects, 0.0)
+        """Calibration's reading of one call."""
         self.first: dict[str, Any] = {}
         """Each subject's result from calibration (none if not calibrated)."""
         self.last: dict[str, Any] = {}
-        """Each subject's result from the latest round."""
+        """Each subject's result from the last planned round (every round's, unplanned)."""
+        self._planned: int | None = None
         self.per_call_s: dict[str, list[float]] = {name: [] for name in self._subjects}
 
     def calibrate(self) -> None:
@@ -81,13 +92,18 @@ class Rounds:
                 start = time.perf_counter()
                 self.first[name] = call()
                 elapsed, calls = time.perf_counter() - start, 1
+                for _ in range(WARM_TIMINGS if elapsed < WARM_S else 0):
+                    # cheap enough to time again: calibrate on the quickest warm call
+                    start = time.perf_counter()
+                    call()
+                    elapsed = min(elapsed, time.perf_counter() - start)
                 while elapsed < self._min_sample_s / 2:  # too short to read from one call
                     calls *= 4
                     start = time.perf_counter()
                     for _ in range(calls):
                         call()
                     elapsed = time.perf_counter() - start
-                per_call = max(elapsed / calls, 1e-9)
+                per_call = self._call_s[name] = max(elapsed / calls, 1e-9)
                 self.loops[name] = max(1, math.ceil(self._min_sample_s / per_call))
                 self._round_estimate_s += self.loops[name] * per_call
 
@@ -99,16 +115,25 @@ class Rounds:
         max_rounds: int = MAX_ROUNDS,
     ) -> int:
         """How many rounds fit ``budget_s`` (after :meth:`calibrate`), within the bounds."""
-        if self._round_estimate_s <= 0:
-            return min_rounds
-        return max(min_rounds, min(max_rounds, math.ceil(budget_s / self._round_estimate_s)))
+        planned = min_rounds
+        if self._round_estimate_s > 0:
+            planned = max(min_rounds, min(max_rounds, math.ceil(budget_s / self._round_estimate_s)))
+        self._planned = planned
+        return planned
 
     def one_round(self) -> None:
         """Time every subject once, in this round's order."""
         blocks = [list(b) for b in self._blocks]
         self._random.shuffle(blocks)
+        # results kept from the last round only: outputs kept alive would shape the heap the
+        # other subjects allocate in
+        keep = self._planned is None or self.rounds + 1 >= self._planned
         for block in blocks:
             self._random.shuffle(block)
+            warm = block[-1]
+            if self._warm_blocks and self._call_s[warm] < WARM_S:
+                # an untimed call first: the block's data in cache (a long call fills it itself)
+                self._subjects[warm]()
             for name in block:
                 call, loops = self._subjects[name], self.loops[name]
                 out = None
@@ -117,7 +142,9 @@ class Rounds:
                     out = call()
                 elapsed = time.perf_counter() - start
                 self.per_call_s[name].append(elapsed / loops)
-                self.last[name] = out
+                if keep:
+                    self.last[name] = out
+                del out
 
     @property
     def rounds(self) -> int:

@@ -3,11 +3,13 @@ and the codec targets, from ``raw/codecs.json``."""
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from typing import Final
 
 from inferwire import workloads
 
+from . import spread
 from .results import Result
 from .tables import table as _table
 
@@ -19,6 +21,7 @@ DELTA_TIME_TARGET = 0.5
 DELTA_WORKLOADS = ("stream-256", "stream-256-top5")
 WHOLE_STREAM_WORKLOADS = ("stream-2048", "stream-2048-top5")
 ROUND_TRIP_OP: Final = "encode+decode"
+WRAPPER_OPS: Final = ("encode", "decode")
 SMALLEST_TENSOR_WORKLOAD = "embed-1x384"
 LARGEST_TENSOR_WORKLOAD = "image-fp32"
 
@@ -241,27 +244,47 @@ def target_rows(results: list[Result]) -> list[list[str]]:
                     "met" if ratio <= DELTA_TIME_TARGET else "**missed**",
                 ]
             )
-    wrapper = [r for r in results if r.op.startswith("codec-")]
-    direct = {(r.codec, r.workload, r.op): r for r in results if r.op.startswith("direct-")}
-    worst = None
-    for r in wrapper:
-        d = direct.get((r.codec, r.workload, r.op.replace("codec-", "direct-")))
-        if d:
-            ratio = _wrapper_ratio(r, d)
-            if worst is None or ratio > worst[0]:
-                worst = (ratio, r)
-    if worst:
-        ratio, r = worst
-        rows.append(
-            [
-                "every codec's API costs little over the same work done directly",
-                f"worst: `{r.codec}` {r.op.removeprefix('codec-')} of `{r.workload}`",
-                f"{ratio:.3f}x",
-                f"<= {WRAPPER_TARGET}x",
-                "met" if ratio <= WRAPPER_TARGET else "**missed**",
-            ]
-        )
+    rows += _wrapper_target(results)
     return rows
+
+
+def _wrapper_target(results: list[Result]) -> list[list[str]]:
+    """The wrapper target, read per codec: the median of its codec / direct ratios over the
+    wrapper workloads and operations, the worst codec's against the target. Not the worst
+    single ratio: each is within a few % of 1.00 and the largest of ~44 noisy ones is the
+    noise's tail (it flipped between runs here); a codec whose API really costs more is over in
+    most of its cells, which moves its median."""
+    direct = {(r.codec, r.workload, r.op): r for r in results if r.op.startswith("direct-")}
+    by_codec: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        if r.op.startswith("codec-") and (r.codec, r.workload, "direct-" + r.op[6:]) in direct:
+            by_codec[r.codec].append(r)
+    if not by_codec:
+        return []
+
+    def ratio(r: Result) -> float:
+        return _wrapper_ratio(r, direct[(r.codec, r.workload, "direct-" + r.op[6:])])
+
+    medians = {codec: statistics.median(map(ratio, rs)) for codec, rs in by_codec.items()}
+    codec = max(medians, key=medians.__getitem__)
+    worst = medians[codec]
+    # the same figure in each repeat (each cell's repeats, in order)
+    repeats = min(len(r.repeats.get("paired_ratio", [])) for rs in by_codec.values() for r in rs)
+    per_repeat = [
+        max(statistics.median(r.repeats["paired_ratio"][i] for r in rs) for rs in by_codec.values())
+        for i in range(repeats)
+    ]
+    cells = [f"{ratio(r):.3f}" for r in by_codec[codec]]
+    return [
+        [
+            "every codec's API costs little over the same work done directly",
+            f"worst codec: `{codec}`, median of its {len(cells)} paired codec / direct ratios "
+            f"over {', '.join(WRAPPER_OPS)} of the wrapper workloads ({', '.join(cells)})",
+            spread.cell({spread.REPEATS_KEY: {"worst": per_repeat}}, "worst", worst, _ratio3),
+            f"<= {WRAPPER_TARGET}x",
+            "met" if worst <= WRAPPER_TARGET else "**missed**",
+        ]
+    ]
 
 
 def whole_stream_table(results: list[Result]) -> str:
