@@ -22,7 +22,6 @@ plain memcpy).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -31,7 +30,15 @@ import pytest
 import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.bench.measure.baselines import BASELINES, read_all
-from inferwire.bench.measure.codec_rounds import Rounds
+from inferwire.bench.measure.codec_ops import (
+    ROUND_TRIP_OP,
+    decode_stream,
+    encode_stream,
+    is_stream,
+    operation,
+    wrapper_levels,
+)
+from inferwire.bench.measure.codec_rounds import Rounds, gc_off
 from inferwire.bench.measure.paired import paired_ratio
 from inferwire.codecs import delta_codec
 
@@ -47,7 +54,6 @@ MATRIX = [
     if _supports(codec, workload)
 ]
 OPS: Final = ("encode", "decode", "decode+read")
-ROUND_TRIP_OP: Final = "encode+decode"
 WHOLE_STREAM_WORKLOADS: Final = ("stream-2048", "stream-2048-top5")
 """The whole responses the report's Whole streams table and claim C2 read, encode + decode."""
 GROUPS: Final = [(workload, op) for workload in workloads.names() for op in OPS] + [
@@ -57,8 +63,8 @@ PAIRS = 21
 # One workload of each kind for the wrapper comparison, unary messages only.
 WRAPPER_WORKLOADS: Final = ("stream-256-top5", "embed-32x1024", "image-fp32")
 LEVELS: Final = ("codec", "direct", "library")
-WRAPPER_BUDGET_S: Final = 1.0
-WRAPPER_MIN_ROUNDS: Final = 9
+WRAPPER_BUDGET_S: Final = 0.6
+WRAPPER_MIN_ROUNDS: Final = 7
 WRAPPER_MIN_SAMPLE_S: Final = 1e-3
 """Longer samples than the codec group's: the wrapper ratios are read to within a few %."""
 
@@ -66,26 +72,6 @@ WRAPPER_MIN_SAMPLE_S: Final = 1e-3
 def _wrapper_codecs(workload: str) -> list[str]:
     # the delta codec is a stream codec with no library underneath: it has no wrapper to weigh
     return [c for c in ic.names() if c in BASELINES and _supports(c, workload)]
-
-
-def _is_stream(workload: str) -> bool:
-    return workloads.get(workload).kind == "stream"
-
-
-def encode_stream(codec: ic.Codec, messages: list[Any]) -> list[bytes]:
-    encoder = codec.stream_encoder()
-    frames = [encoder.encode(m) for m in messages]
-    frames.append(encoder.end())
-    return frames
-
-
-def decode_stream(codec: ic.Codec, frames: list[bytes], type_: type[Any]) -> list[Any]:
-    decoder = codec.stream_decoder(type_)
-    out: list[Any] = []
-    for frame in frames:
-        out += decoder.feed(frame)
-    decoder.close()
-    return out
 
 
 def _record(
@@ -120,7 +106,7 @@ def bench_codec(benchmark: Any, codec_name: str, workload: str, op: str) -> None
     messages = workloads.get(workload).messages()
     type_: type[Any] = type(messages[0])
     benchmark.group = f"codec {workload}"
-    if _is_stream(workload):
+    if is_stream(workload):
         frames = encode_stream(codec, messages)
         if op == "encode":
             frames = benchmark(encode_stream, codec, messages)
@@ -157,67 +143,6 @@ def bench_codec(benchmark: Any, codec_name: str, workload: str, op: str) -> None
         wire = len(data)
         correct = result == message
     _record(benchmark, codec_name, workload, op, wire, len(messages), correct)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Operation:
-    """One codec's timed call for a workload and an operation, and the check of its result."""
-
-    call: Callable[[], Any]
-    check: Callable[[Any], bool]
-    wire_bytes: int
-
-
-def operation(codec: ic.Codec, workload: str, op: str) -> Operation:
-    messages = workloads.get(workload).messages()
-    type_: type[Any] = type(messages[0])
-    expected: Any
-    read_back: Callable[[Any], Any]  # what an encode's output decodes to
-    if _is_stream(workload):
-        frames = encode_stream(codec, messages)
-
-        def decode_read_stream() -> list[Any]:
-            decoded = decode_stream(codec, frames, type_)
-            for m in decoded:
-                read_all(m)
-            return decoded
-
-        calls: dict[str, Callable[[], Any]] = {
-            "encode": lambda: encode_stream(codec, messages),
-            "decode": lambda: decode_stream(codec, frames, type_),
-            "decode+read": decode_read_stream,
-            ROUND_TRIP_OP: lambda: decode_stream(codec, encode_stream(codec, messages), type_),
-        }
-        wire, expected = sum(map(len, frames)), messages
-
-        def read_back(out: Any) -> Any:
-            return decode_stream(codec, out, type_)
-
-    else:
-        (message,) = messages
-        data = codec.encode(message)
-
-        def decode_read() -> Any:
-            decoded = codec.decode(data, type_)
-            read_all(decoded)
-            return decoded
-
-        calls = {
-            "encode": lambda: codec.encode(message),
-            "decode": lambda: codec.decode(data, type_),
-            "decode+read": decode_read,
-            ROUND_TRIP_OP: lambda: codec.decode(codec.encode(message), type_),
-        }
-        wire, expected = len(data), message
-
-        def read_back(out: Any) -> Any:
-            return codec.decode(out, type_)
-
-    def check(out: Any) -> bool:
-        # an encode is checked by decoding what it wrote; the others by what they return
-        return bool((read_back(out) if op == "encode" else out) == expected)
-
-    return Operation(call=calls[op], check=check, wire_bytes=wire)
 
 
 def _run(
@@ -271,43 +196,6 @@ def bench_codecs_interleaved(benchmark: Any, workload: str, op: str) -> None:
             info[f"vs_{base}"] = {n: rounds.ratio(base, n) for n in names}
     wrong = [n for n, ok in correct.items() if not ok]
     assert not wrong, f"{', '.join(wrong)}: {op} of {workload} did not round trip"
-
-
-def wrapper_levels(
-    name: str, messages: list[Any], op: str
-) -> tuple[dict[str, tuple[Callable[[], Any], Callable[[Any], bool]]], int]:
-    """The codec, direct and library levels of ``op`` over ``messages`` (each a call and the
-    check of its result), and the codec's wire bytes for them."""
-    codec, baseline = ic.get(name), BASELINES[name]
-    type_ = type(messages[0])
-    encoded = [codec.encode(m) for m in messages]
-    wire = sum(map(len, encoded))
-    if op == "encode":
-        prepared = [baseline.prepare(m) for m in messages]
-
-        def same_bytes(out: Any) -> bool:
-            return bool(out == encoded)
-
-        def library_bytes(out: Any) -> bool:
-            return all(map(baseline.library_output_ok, out, encoded))
-
-        return {
-            "codec": (lambda: [codec.encode(m) for m in messages], same_bytes),
-            "direct": (lambda: [baseline.direct_encode(m) for m in messages], same_bytes),
-            "library": (lambda: [baseline.library_encode(p) for p in prepared], library_bytes),
-        }, wire
-
-    def same_messages(out: Any) -> bool:
-        return bool(out == messages)
-
-    def counted(out: Any) -> bool:  # native objects: a parse result only counted
-        return len(out) == len(messages)
-
-    return {
-        "codec": (lambda: [codec.decode(b, type_) for b in encoded], same_messages),
-        "direct": (lambda: [baseline.direct_decode(b, type_) for b in encoded], same_messages),
-        "library": (lambda: [baseline.library_decode(b, type_) for b in encoded], counted),
-    }, wire
 
 
 @pytest.mark.parametrize("op", ["encode", "decode"])
@@ -432,6 +320,9 @@ def bench_bytes_copy(benchmark: Any) -> None:
 
 
 DELTA_TIME_WORKLOADS = ("stream-256", "stream-256-top5")
+DELTA_BUDGET_S: Final = 0.5
+DELTA_MIN_ROUNDS: Final = 21
+DELTA_MIN_SAMPLE_S: Final = 1e-3
 
 
 @pytest.mark.parametrize("path", ["accelerated", "pure-python"])
@@ -468,16 +359,30 @@ def bench_delta_round_trip(benchmark: Any, workload: str, path: str) -> None:
     def orjson_unary_round_trip() -> list[Any]:
         return [orjson_codec.decode(orjson_codec.encode(m), ic.TokenChunk) for m in messages]
 
-    pairs = 1 if benchmark.disabled else PAIRS
     benchmark.group = f"targets {workload}"
     benchmark.extra_info["path"] = path
     out = benchmark(delta_round_trip)
-    benchmark.extra_info["paired_ratio"] = paired_ratio(
-        delta_round_trip, orjson_stream_round_trip, pairs
+    # interleaved rounds of calibrated samples: single calls of ~0.5 ms against ~10 ms moved
+    # by a third between runs as paired pairs
+    rounds = Rounds(
+        {
+            "delta": delta_round_trip,
+            "orjson": orjson_stream_round_trip,
+            "orjson-unary": orjson_unary_round_trip,
+        },
+        seed=f"delta {workload} {path}",
+        min_sample_s=DELTA_MIN_SAMPLE_S,
     )
-    benchmark.extra_info["paired_ratio_unary"] = paired_ratio(
-        delta_round_trip, orjson_unary_round_trip, pairs
-    )
+    with gc_off():
+        if benchmark.disabled:
+            rounds.one_round()
+        else:
+            rounds.calibrate()
+            for _ in range(rounds.plan(budget_s=DELTA_BUDGET_S, min_rounds=DELTA_MIN_ROUNDS)):
+                rounds.one_round()
+    benchmark.extra_info["paired_ratio"] = rounds.ratio("delta", "orjson")
+    benchmark.extra_info["paired_ratio_unary"] = rounds.ratio("delta", "orjson-unary")
+    benchmark.extra_info["rounds"] = rounds.rounds
     _record(
         benchmark,
         "delta",

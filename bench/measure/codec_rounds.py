@@ -36,7 +36,7 @@ MAX_ROUNDS: Final = 200
 
 
 @contextmanager
-def _gc_off() -> Iterator[None]:
+def gc_off() -> Iterator[None]:
     # as pytest-benchmark does around each round: no collection billed to one sample
     enabled = gc.isenabled()
     gc.disable()
@@ -87,7 +87,7 @@ class Rounds:
     def calibrate(self) -> None:
         """Call every subject (warming it up, its result kept in ``first`` for checking) and
         choose its ``loops``; also estimates how long a round takes."""
-        with _gc_off():
+        with gc_off():
             for name, call in self._subjects.items():
                 start = time.perf_counter()
                 self.first[name] = call()

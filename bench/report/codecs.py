@@ -187,26 +187,7 @@ def target_rows(results: list[Result]) -> list[list[str]]:
                     "met" if ratio <= FLAT_DECODE_TARGET else "**missed**",
                 ]
             )
-    memcpy = by_key.get(("memcpy", LARGEST_TENSOR_WORKLOAD, "memcpy"))
-    encode = by_key.get(("tensor", LARGEST_TENSOR_WORKLOAD, "encode"))
-    if memcpy and encode:
-        memcpy_rate = memcpy.wire_bytes / memcpy.median_s
-        encode_rate = memcpy.wire_bytes / encode.median_s  # tensor bytes moved per second
-        if memcpy.paired_ratio is not None:  # memcpy / encode, paired: encode's share
-            share, figure = memcpy.paired_ratio, memcpy.cell("paired_ratio", _pct)
-        else:  # a run from before the pairing
-            share = encode_rate / memcpy_rate
-            figure = _pct(share)
-        rows.append(
-            [
-                "`tensor` encode of the fp32 image moves bytes near memcpy speed",
-                f"{encode_rate / 1e9:.2f} GB/s vs memcpy {memcpy_rate / 1e9:.2f} GB/s (medians); "
-                "share paired",
-                figure,
-                f">= {MEMCPY_TARGET:.0%}",
-                "met" if share >= MEMCPY_TARGET else "**missed**",
-            ]
-        )
+    rows += _memcpy_target(by_key)
     for workload in DELTA_WORKLOADS:
         delta = by_key.get(("delta", workload, "encode"))
         json_sse = by_key.get(("json", workload, "encode"))
@@ -246,6 +227,38 @@ def target_rows(results: list[Result]) -> list[list[str]]:
             )
     rows += _wrapper_target(results)
     return rows
+
+
+def _memcpy_target(by_key: dict[tuple[str, str, str], Result]) -> list[list[str]]:
+    memcpy = by_key.get(("memcpy", LARGEST_TENSOR_WORKLOAD, "memcpy"))
+    encode = by_key.get(("tensor", LARGEST_TENSOR_WORKLOAD, "encode"))
+    if memcpy is None:
+        return []
+    memcpy_rate = memcpy.wire_bytes / memcpy.median_s
+    if memcpy.paired_ratio is not None:  # memcpy / encode, paired: encode's share of the rate
+        share, figure = memcpy.paired_ratio, memcpy.cell("paired_ratio", _pct)
+        # not the codec tables' encode median: that one is timed among the other codecs' work
+        # (a cold cache), the memcpy alone
+        measured = (
+            f"memcpy {memcpy_rate / 1e9:.2f} GB/s (median); encode's share of its rate from "
+            "back-to-back pairs"
+        )
+    elif encode is not None:  # a run from before the pairing
+        encode_rate = memcpy.wire_bytes / encode.median_s  # tensor bytes moved per second
+        share = encode_rate / memcpy_rate
+        figure = _pct(share)
+        measured = f"{encode_rate / 1e9:.2f} GB/s vs memcpy {memcpy_rate / 1e9:.2f} GB/s"
+    else:
+        return []
+    return [
+        [
+            "`tensor` encode of the fp32 image moves bytes near memcpy speed",
+            measured,
+            figure,
+            f">= {MEMCPY_TARGET:.0%}",
+            "met" if share >= MEMCPY_TARGET else "**missed**",
+        ]
+    ]
 
 
 def _wrapper_target(results: list[Result]) -> list[list[str]]:
