@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+import inferwire.codecs as ic
+from inferwire import workloads
+from inferwire.bench.measure import codec_ops
 from inferwire.bench.measure.codec_rounds import Rounds
 from inferwire.bench.report import claims, codecs, readme
 from inferwire.bench.report.results import CODECS_RAW, Result, codec_results
@@ -305,3 +308,45 @@ def test_wrapper_target_is_missed_by_a_codec_over_in_most_cells() -> None:
     assert "`msgpack`" in row[1]
     assert row[2].startswith("1.075x")
     assert row[4] == "**missed**"
+
+
+@pytest.mark.parametrize("workload", ["stream-16", "embed-1x384"])
+@pytest.mark.parametrize("op", ["encode", "decode", "decode+read", "encode+decode"])
+def test_an_operations_check_accepts_its_result_and_refuses_another(workload: str, op: str) -> None:
+    codec = ic.get("msgpack")
+    timed = codec_ops.operation(codec, workload, op)
+    assert timed.check(timed.call())
+    # another workload of the same message type
+    other = codec_ops.operation(
+        codec, "stream-256" if "stream" in workload else "embed-32x1024", op
+    )
+    assert not timed.check(other.call())
+
+
+def test_wrapper_levels_check_each_level() -> None:
+    messages = workloads.get("stream-16").messages()
+    for op in ("encode", "decode"):
+        levels, wire = codec_ops.wrapper_levels("protobuf", messages, op)
+        assert wire > 0
+        for call, check in levels.values():
+            out = call()
+            assert check(out)
+            assert not check(out[:-1])
+
+
+def test_warm_blocks_start_each_block_with_an_untimed_call() -> None:
+    calls: list[str] = []
+    subjects = {name: (lambda n=name: calls.append(n)) for name in "abcd"}
+    rounds = Rounds(
+        subjects, seed="w", blocks=[["a", "b"], ["c", "d"]], warm_blocks=True, min_sample_s=1e-9
+    )
+    rounds.calibrate()
+    assert set(rounds.loops.values()) == {1}
+    calls.clear()
+    rounds.one_round()
+    # per block: an untimed call of the subject it ends with, then the block
+    assert len(calls) == 6
+    first, second = calls[:3], calls[3:]
+    for warm, *block in (first, second):
+        assert sorted(block) in (["a", "b"], ["c", "d"])
+        assert warm == block[-1]

@@ -112,7 +112,7 @@ def wrapper_levels(
             return bool(out == encoded)
 
         def library_bytes(out: Any) -> bool:
-            return all(map(baseline.library_output_ok, out, encoded))
+            return len(out) == len(encoded) and all(map(baseline.library_output_ok, out, encoded))
 
         return {
             "codec": (lambda: [codec.encode(m) for m in messages], same_bytes),
