@@ -4,6 +4,7 @@ wrapper levels of :mod:`inferwire.bench.measure.baselines`, and the check of eac
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -35,6 +36,13 @@ def decode_stream(codec: ic.Codec, frames: list[bytes], type_: type[Any]) -> lis
     return out
 
 
+@functools.cache
+def stream_frames(codec: ic.Codec, workload: str) -> list[bytes]:
+    """``workload``'s stream as ``codec`` frames it: encoded once for the suite's benchmarks of
+    the workload, not once each (a whole stream of flatbuffers takes about a second)."""
+    return encode_stream(codec, workloads.get(workload).messages())
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Operation:
     """One codec's timed call for a workload and an operation, and the check of its result."""
@@ -50,7 +58,7 @@ def operation(codec: ic.Codec, workload: str, op: str) -> Operation:
     expected: Any
     read_back: Callable[[Any], Any]  # what an encode's output decodes to
     if is_stream(workload):
-        frames = encode_stream(codec, messages)
+        frames = stream_frames(codec, workload)
 
         def decode_read_stream() -> list[Any]:
             decoded = decode_stream(codec, frames, type_)
