@@ -1,18 +1,28 @@
-"""The codec matrix: every codec x every workload x {encode, decode, decode and read}.
+"""The codec suite: every codec x every workload x {encode, decode, decode and read}.
 
 Token-stream workloads are timed as whole streams through ``stream_encoder``/``stream_decoder``
 (framing included, one ``feed`` per frame as a transport delivers it): what a server and a
-client do per response. Other workloads are one unary message. ``extra_info`` records the wire
-size and whether the result equals the original; a wrong result fails the benchmark.
+client do per response. Other workloads are one unary message. A wrong result fails the
+benchmark.
 
-Beside the matrix, the wrapper group times each codec against the same work done directly and
-against its library call alone (see :mod:`inferwire.bench.measure.baselines`), and the targets
-group holds the baselines the report's targets are ratios against (a plain memcpy).
+The standard run (``inferwire bench``) reads ``bench_codecs_interleaved``: one benchmark per
+workload and operation whose every round times every codec once, in an order shuffled per
+round, so each codec's speed-up against json (and orjson) is a ratio taken within rounds that
+this machine's drift cannot skew (:mod:`inferwire.bench.measure.codec_rounds`). The whole
+streams also get an ``encode+decode`` operation (a response's serialization, server and client
+side). ``bench_codec``, one benchmark per codec, stays for ``pytest bench/
+--benchmark-compare``; it is marked ``standalone`` and the standard run deselects it.
+
+Beside them, the wrapper group times each codec against the same work done directly and
+against its library call alone (see :mod:`inferwire.bench.measure.baselines`), interleaved the
+same way, and the targets group holds the baselines the report's targets are ratios against (a
+plain memcpy).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 import numpy as np
 import pytest
@@ -20,45 +30,48 @@ import pytest
 import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.bench.measure.baselines import BASELINES, read_all
+from inferwire.bench.measure.codec_ops import (
+    ROUND_TRIP_OP,
+    decode_stream,
+    encode_stream,
+    is_stream,
+    operation,
+    wrapper_levels,
+)
+from inferwire.bench.measure.codec_rounds import Rounds, gc_off
 from inferwire.bench.measure.paired import paired_ratio
 from inferwire.codecs import delta_codec
+
+
+def _supports(codec: str, workload: str) -> bool:
+    return type(workloads.get(workload).messages()[0]) in ic.get(codec).types
+
 
 MATRIX = [
     (codec, workload)
     for workload in workloads.names()
     for codec in ic.names()
-    if type(workloads.get(workload).messages()[0]) in ic.get(codec).types
+    if _supports(codec, workload)
 ]
-# One workload of each kind for the wrapper comparison, unary messages only.
+OPS: Final = ("encode", "decode", "decode+read")
+WHOLE_STREAM_WORKLOADS: Final = ("stream-2048", "stream-2048-top5")
+"""The whole responses the report's Whole streams table and claim C2 read, encode + decode."""
+GROUPS: Final = [(workload, op) for workload in workloads.names() for op in OPS] + [
+    (workload, ROUND_TRIP_OP) for workload in WHOLE_STREAM_WORKLOADS
+]
 PAIRS = 21
-WRAPPER_WORKLOADS = ("stream-256-top5", "embed-32x1024", "image-fp32")
-# The delta codec is a stream codec with no library underneath: it has no wrapper to weigh.
-WRAPPER = [
-    (codec, workload)
-    for workload in WRAPPER_WORKLOADS
-    for codec in ic.names()
-    if codec in BASELINES and type(workloads.get(workload).messages()[0]) in ic.get(codec).types
-]
+# One workload of each kind for the wrapper comparison, unary messages only.
+WRAPPER_WORKLOADS: Final = ("stream-256-top5", "embed-32x1024", "image-fp32")
+LEVELS: Final = ("codec", "direct", "library")
+WRAPPER_BUDGET_S: Final = 0.6
+WRAPPER_MIN_ROUNDS: Final = 7
+WRAPPER_MIN_SAMPLE_S: Final = 1e-3
+"""Longer samples than the codec group's: the wrapper ratios are read to within a few %."""
 
 
-def _is_stream(workload: str) -> bool:
-    return workloads.get(workload).kind == "stream"
-
-
-def encode_stream(codec: ic.Codec, messages: list[Any]) -> list[bytes]:
-    encoder = codec.stream_encoder()
-    frames = [encoder.encode(m) for m in messages]
-    frames.append(encoder.end())
-    return frames
-
-
-def decode_stream(codec: ic.Codec, frames: list[bytes], type_: type[Any]) -> list[Any]:
-    decoder = codec.stream_decoder(type_)
-    out: list[Any] = []
-    for frame in frames:
-        out += decoder.feed(frame)
-    decoder.close()
-    return out
+def _wrapper_codecs(workload: str) -> list[str]:
+    # the delta codec is a stream codec with no library underneath: it has no wrapper to weigh
+    return [c for c in ic.names() if c in BASELINES and _supports(c, workload)]
 
 
 def _record(
@@ -81,14 +94,19 @@ def _record(
     assert correct, f"{codec} {op} of {workload} did not round trip"
 
 
+@pytest.mark.standalone
 @pytest.mark.parametrize(("codec_name", "workload"), MATRIX)
 @pytest.mark.parametrize("op", ["encode", "decode", "decode+read"])
 def bench_codec(benchmark: Any, codec_name: str, workload: str, op: str) -> None:
+    """One codec on its own, for comparing a codec with itself across runs
+    (``--benchmark-compare``). The standard run deselects it (``-m "not standalone"``) and the
+    report reads ``bench_codecs_interleaved`` instead: codecs timed in separate benchmarks
+    drift apart with the machine, so no ratio between them is read from here."""
     codec = ic.get(codec_name)
     messages = workloads.get(workload).messages()
     type_: type[Any] = type(messages[0])
     benchmark.group = f"codec {workload}"
-    if _is_stream(workload):
+    if is_stream(workload):
         frames = encode_stream(codec, messages)
         if op == "encode":
             frames = benchmark(encode_stream, codec, messages)
@@ -127,70 +145,148 @@ def bench_codec(benchmark: Any, codec_name: str, workload: str, op: str) -> None
     _record(benchmark, codec_name, workload, op, wire, len(messages), correct)
 
 
-@pytest.mark.parametrize(("codec_name", "workload"), WRAPPER)
-@pytest.mark.parametrize(
-    "level",
-    [
-        "codec-encode",
-        "direct-encode",
-        "library-encode",
-        "codec-decode",
-        "direct-decode",
-        "library-decode",
-    ],
-)
-def bench_wrapper(benchmark: Any, codec_name: str, workload: str, level: str) -> None:
-    """Unary messages in a loop (a stream's chunks one by one) at the three levels."""
-    codec = ic.get(codec_name)
-    baseline = BASELINES[codec_name]
-    messages = workloads.get(workload).messages()
-    type_ = type(messages[0])
-    encoded = [codec.encode(m) for m in messages]
-    benchmark.group = f"wrapper {codec_name} {workload}"
-    pairs = 1 if benchmark.disabled else PAIRS
-
-    prepared = [baseline.prepare(m) for m in messages]
-    levels = {
-        "codec-encode": lambda: [codec.encode(m) for m in messages],
-        "direct-encode": lambda: [baseline.direct_encode(m) for m in messages],
-        "library-encode": lambda: [baseline.library_encode(p) for p in prepared],
-        "codec-decode": lambda: [codec.decode(b, type_) for b in encoded],
-        "direct-decode": lambda: [baseline.direct_decode(b, type_) for b in encoded],
-        "library-decode": lambda: [baseline.library_decode(b, type_) for b in encoded],
-    }
-    out = benchmark(levels[level])
-    kind, op = level.split("-")
-    if kind == "library":
-        # native objects: the encoder's bytes are checked, a parse result only counted
-        correct = (
-            all(map(baseline.library_output_ok, out, encoded))
-            if op == "encode"
-            else len(out) == len(messages)
-        )
+def _run(
+    benchmark: Any, rounds: Rounds, checks: dict[str, Callable[[Any], bool]], **plan: Any
+) -> dict[str, bool]:
+    """Calibrate, then the rounds (pytest-benchmark's statistics are of whole rounds); returns
+    whether each subject's results (calibration's and the last round's) were right."""
+    correct = dict.fromkeys(checks, True)
+    if benchmark.disabled:
+        benchmark.pedantic(rounds.one_round, rounds=1, iterations=1)
     else:
-        correct = out == (encoded if op == "encode" else messages)
-    if kind == "codec":
-        codec_level = levels[level]
-        benchmark.extra_info["paired_ratio"] = paired_ratio(
-            codec_level, levels[f"direct-{op}"], pairs
-        )
-        benchmark.extra_info["pairs"] = pairs
-        benchmark.extra_info["paired_library_share"] = paired_ratio(
-            levels[f"library-{op}"], codec_level, pairs
-        )
-    _record(benchmark, codec_name, workload, level, sum(map(len, encoded)), len(messages), correct)
+        rounds.calibrate()
+        correct = {name: check(rounds.first[name]) for name, check in checks.items()}
+        rounds.first.clear()  # not kept alive through the rounds
+        benchmark.pedantic(rounds.one_round, rounds=rounds.plan(**plan), iterations=1)
+    return {name: correct[name] and check(rounds.last[name]) for name, check in checks.items()}
 
 
-def _image_fp32() -> np.ndarray[Any, Any]:
+@pytest.mark.parametrize(("workload", "op"), GROUPS)
+def bench_codecs_interleaved(benchmark: Any, workload: str, op: str) -> None:
+    """Every codec that carries ``workload``, timed once per round in a shuffled order.
+
+    ``extra_info["codecs"][codec]``: ``median_s`` and ``iqr_s`` per call (a whole stream or
+    message) over the rounds, ``loops`` (calls per sample), ``wire_bytes``, ``correct``;
+    ``vs_json`` / ``vs_orjson``: per codec, the median over rounds of json's (orjson's) time
+    / the codec's time in the same round, a speed-up (> 1 is faster)."""
+    names = [c for c in ic.names() if _supports(c, workload)]
+    ops = {name: operation(ic.get(name), workload, op) for name in names}
+    rounds = Rounds({n: o.call for n, o in ops.items()}, seed=f"{workload} {op}")
+    benchmark.group = f"codecs {workload}"
+    correct = _run(benchmark, rounds, {n: o.check for n, o in ops.items()})
+    info = benchmark.extra_info
+    info.update(
+        workload=workload,
+        op=op,
+        messages=len(workloads.get(workload).messages()),
+        rounds=rounds.rounds,
+        codecs={
+            n: {
+                "median_s": rounds.median_s(n),
+                "iqr_s": rounds.iqr_s(n),
+                "loops": rounds.loops[n],
+                "wire_bytes": o.wire_bytes,
+                "correct": correct[n],
+            }
+            for n, o in ops.items()
+        },
+    )
+    for base in ("json", "orjson"):
+        if base in ops:
+            info[f"vs_{base}"] = {n: rounds.ratio(base, n) for n in names}
+    wrong = [n for n, ok in correct.items() if not ok]
+    assert not wrong, f"{', '.join(wrong)}: {op} of {workload} did not round trip"
+
+
+@pytest.mark.parametrize("op", ["encode", "decode"])
+@pytest.mark.parametrize("workload", WRAPPER_WORKLOADS)
+def bench_wrapper(benchmark: Any, workload: str, op: str) -> None:
+    """Unary messages in a loop (a stream's chunks one by one) at the three levels, every
+    codec's levels timed back to back in a shuffled order in every round.
+
+    ``extra_info["levels"][codec][level]``: ``median_s`` and ``iqr_s`` of the loop over the
+    workload's messages; ``extra_info["levels"][codec]``: ``wire_bytes``, ``correct``. Paired
+    within rounds, per codec: ``codec_vs_direct`` (codec / direct, the wrapper's cost),
+    ``library_share`` (library / codec) and ``library_vs_json`` (stdlib json's library call /
+    this codec's, a speed-up on prebuilt native objects)."""
+    names = _wrapper_codecs(workload)
+    messages = workloads.get(workload).messages()
+    subjects: dict[str, Callable[[], Any]] = {}
+    checks: dict[str, Callable[[Any], bool]] = {}
+    wire: dict[str, int] = {}
+    for name in names:
+        levels, wire[name] = wrapper_levels(name, messages, op)
+        for level, (call, check) in levels.items():
+            subjects[f"{name} {level}"] = call
+            checks[f"{name} {level}"] = check
+    rounds = Rounds(
+        subjects,
+        seed=f"wrapper {workload} {op}",
+        blocks=[[f"{n} {level}" for level in LEVELS] for n in names],
+        min_sample_s=WRAPPER_MIN_SAMPLE_S,
+        # levels within 1-5% of each other: each block starts from its own data in cache, not
+        # from whatever the block before it left there
+        warm_blocks=True,
+    )
+    benchmark.group = f"wrapper {workload}"
+    correct = _run(
+        benchmark, rounds, checks, budget_s=WRAPPER_BUDGET_S, min_rounds=WRAPPER_MIN_ROUNDS
+    )
+    benchmark.extra_info.update(
+        workload=workload,
+        op=op,
+        messages=len(messages),
+        rounds=rounds.rounds,
+        levels={
+            n: {
+                **{
+                    level: {
+                        "median_s": rounds.median_s(f"{n} {level}"),
+                        "iqr_s": rounds.iqr_s(f"{n} {level}"),
+                    }
+                    for level in LEVELS
+                },
+                "wire_bytes": wire[n],
+                "correct": all(correct[f"{n} {level}"] for level in LEVELS),
+            }
+            for n in names
+        },
+        codec_vs_direct={n: rounds.ratio(f"{n} codec", f"{n} direct") for n in names},
+        library_share={n: rounds.ratio(f"{n} library", f"{n} codec") for n in names},
+    )
+    if "json" in names:
+        benchmark.extra_info["library_vs_json"] = {
+            n: rounds.ratio("json library", f"{n} library") for n in names
+        }
+    wrong = [n for n, ok in correct.items() if not ok]
+    assert not wrong, f"{', '.join(wrong)}: {op} of {workload} is wrong"
+
+
+def _image_fp32() -> tuple[ic.InferRequest, np.ndarray[Any, Any]]:
     (message,) = workloads.get("image-fp32").messages()
     assert isinstance(message, ic.InferRequest)
-    return message.inputs[0].data
+    return message, message.inputs[0].data
+
+
+MEMCPY_PAIRS: Final = 201
+"""Single calls of ~20-100 us each: many pairs, still well under a second."""
+
+
+def _vs_tensor_encode(benchmark: Any, copy: Callable[[], Any]) -> None:
+    """``paired_ratio``: ``copy``'s time / the tensor codec's encode of the same image, in
+    alternating back-to-back pairs: the share of ``copy``'s byte rate that encode reaches."""
+    message, _ = _image_fp32()
+    tensor = ic.get("tensor")
+    pairs = 1 if benchmark.disabled else MEMCPY_PAIRS
+    benchmark.extra_info["paired_ratio"] = paired_ratio(copy, lambda: tensor.encode(message), pairs)
+    benchmark.extra_info["pairs"] = pairs
 
 
 def bench_memcpy(benchmark: Any) -> None:
     """A plain copy of the fp32 image's bytes into an existing buffer: the encode target's
-    yardstick (tensor encode must move bytes at >= 50% of this rate)."""
-    source = memoryview(_image_fp32()).cast("B")  # type: ignore[arg-type]
+    yardstick (tensor encode must move bytes at >= 50% of this rate, read from the paired
+    ratio memcpy / encode)."""
+    source = memoryview(_image_fp32()[1]).cast("B")  # type: ignore[arg-type]
     target = bytearray(len(source))
 
     def copy() -> bytearray:
@@ -199,16 +295,19 @@ def bench_memcpy(benchmark: Any) -> None:
 
     benchmark.group = "targets"
     out = benchmark(copy)
+    _vs_tensor_encode(benchmark, copy)
     _record(
         benchmark, "memcpy", "image-fp32", "memcpy", len(source), 1, bytes(out) == bytes(source)
     )
 
 
 def bench_bytes_copy(benchmark: Any) -> None:
-    """``ndarray.tobytes()`` of the fp32 image: a copy into a new allocation."""
-    data = _image_fp32()
+    """``ndarray.tobytes()`` of the fp32 image: a copy into a new allocation (paired against
+    tensor encode as ``bench_memcpy`` is)."""
+    _, data = _image_fp32()
     benchmark.group = "targets"
     out = benchmark(data.tobytes)
+    _vs_tensor_encode(benchmark, data.tobytes)
     _record(
         benchmark,
         "tobytes",
@@ -221,6 +320,9 @@ def bench_bytes_copy(benchmark: Any) -> None:
 
 
 DELTA_TIME_WORKLOADS = ("stream-256", "stream-256-top5")
+DELTA_BUDGET_S: Final = 0.5
+DELTA_MIN_ROUNDS: Final = 21
+DELTA_MIN_SAMPLE_S: Final = 1e-3
 
 
 @pytest.mark.parametrize("path", ["accelerated", "pure-python"])
@@ -257,16 +359,30 @@ def bench_delta_round_trip(benchmark: Any, workload: str, path: str) -> None:
     def orjson_unary_round_trip() -> list[Any]:
         return [orjson_codec.decode(orjson_codec.encode(m), ic.TokenChunk) for m in messages]
 
-    pairs = 1 if benchmark.disabled else PAIRS
     benchmark.group = f"targets {workload}"
     benchmark.extra_info["path"] = path
     out = benchmark(delta_round_trip)
-    benchmark.extra_info["paired_ratio"] = paired_ratio(
-        delta_round_trip, orjson_stream_round_trip, pairs
+    # interleaved rounds of calibrated samples: single calls of ~0.5 ms against ~10 ms moved
+    # by a third between runs as paired pairs
+    rounds = Rounds(
+        {
+            "delta": delta_round_trip,
+            "orjson": orjson_stream_round_trip,
+            "orjson-unary": orjson_unary_round_trip,
+        },
+        seed=f"delta {workload} {path}",
+        min_sample_s=DELTA_MIN_SAMPLE_S,
     )
-    benchmark.extra_info["paired_ratio_unary"] = paired_ratio(
-        delta_round_trip, orjson_unary_round_trip, pairs
-    )
+    with gc_off():
+        if benchmark.disabled:
+            rounds.one_round()
+        else:
+            rounds.calibrate()
+            for _ in range(rounds.plan(budget_s=DELTA_BUDGET_S, min_rounds=DELTA_MIN_ROUNDS)):
+                rounds.one_round()
+    benchmark.extra_info["paired_ratio"] = rounds.ratio("delta", "orjson")
+    benchmark.extra_info["paired_ratio_unary"] = rounds.ratio("delta", "orjson-unary")
+    benchmark.extra_info["rounds"] = rounds.rounds
     _record(
         benchmark,
         "delta",

@@ -88,9 +88,10 @@ def render(
             "## Wrapper cost",
             "",
             "*codec / direct*: the public API against the same conversion and library call written "
-            "out with no API layer, as the median ratio of back-to-back pairs run in "
-            "alternating order (separate medians drift with this machine's load; the library "
-            "share is paired the same way). "
+            "out with no API layer, as the median over interleaved rounds of the ratio within "
+            "each round (every codec's levels timed back to back, in a shuffled order; separate "
+            "medians drift with this machine's load; the library share is paired the same way). "
+            "The target reads each codec's median over its cells, as one cell is noisy. "
             "*library share*: the library call alone (on data already in "
             "its native form: a prepared dict, a prebuilt protobuf message) as a share of the "
             "codec's time; the rest is building those objects from, and back into, the model's "
