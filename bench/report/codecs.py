@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Final
 
 from inferwire import workloads
 
 from . import spread
+from .instructions import per_chunk_cell
 from .results import Result
 from .tables import table as _table
 
@@ -59,6 +61,13 @@ INTRO: Final = (
 )
 
 
+def _instructions(counted: Mapping[tuple[str, str, str], float], codec: str, workload: str) -> str:
+    cells = [counted.get((codec, workload, op)) for op in ("encode", "decode")]
+    if all(c is None for c in cells):
+        return ""
+    return " / ".join(per_chunk_cell(c) if c is not None else "-" for c in cells)
+
+
 def _speed_up(r: Result | None, name: str = "paired_vs_json") -> str:
     """A paired speed-up cell; blank for a run without one (a file from before they existed)."""
     if r is None or getattr(r, name) is None:
@@ -66,9 +75,25 @@ def _speed_up(r: Result | None, name: str = "paired_vs_json") -> str:
     return r.cell(name, _ratio)
 
 
-def codec_tables(results: list[Result]) -> str:
+def codec_tables(
+    results: list[Result],
+    instructions: Mapping[tuple[str, str, str], float] | None = None,
+    instructions_note: str = "",
+) -> str:
+    """One table per workload; ``instructions`` (``report.instructions.per_chunk``) fills the
+    instructions column, and ``instructions_note`` says what it leaves out, or why it is
+    empty."""
     by_key = {(r.codec, r.workload, r.op): r for r in results}
+    counted = instructions or {}
     out = [INTRO, ""]
+    out += [
+        "*instructions*: per chunk (or message), encode / decode, counted by valgrind's "
+        "callgrind around one call after warm-up calls (`bench_instructions.py`): a figure "
+        "that neither this machine's speed nor a neighbour moves"
+        + (f"; {instructions_note}" if instructions_note else "")
+        + ".",
+        "",
+    ]
     for workload in workloads.names():
         codecs = [r.codec for r in results if r.workload == workload and r.op == "encode"]
         if not codecs:
@@ -92,6 +117,7 @@ def codec_tables(results: list[Result]) -> str:
                 f"{_us(read.median_s / n)}" if read else "",
                 _speed_up(enc),
                 _speed_up(dec),
+                _instructions(counted, codec, workload),
                 "yes" if all(x.correct for x in (enc, dec, read) if x) else "**NO**",
             ]
             rows.append(row)
@@ -108,6 +134,7 @@ def codec_tables(results: list[Result]) -> str:
                     "decode + read",
                     "encode speed-up vs json",
                     "decode speed-up vs json",
+                    "instructions",
                     "round trip",
                 ],
                 rows,

@@ -88,7 +88,7 @@ def calibration_section(raw_dir: Path) -> str:
     return "\n".join(
         [
             "How steady the machine was. Each suite timed two fixed workloads at its start, "
-            "middle and end (ms, median of 7): *cpu*, pure-Python integer and dict work; "
+            "middle and end (ms, the fastest of 15): *cpu*, pure-Python integer and dict work; "
             "*memory*, a 64 MiB copy, past every cache. *moved*: the larger of the two "
             "workloads' change between those points. *others*: the share of the CPUs' time "
             "that processes outside the suite used while it ran (from `/proc/stat`, minus the "

@@ -17,6 +17,7 @@ from . import (
     codecs,
     connections,
     faults,
+    instructions,
     load,
     machine,
     peers,
@@ -35,6 +36,7 @@ def render(
     transport_section: str = "",
     machine_text: str = "",
     advice_section: str = "",
+    codec_tables: str = "",
 ) -> str:
     return "\n".join(
         [
@@ -78,7 +80,7 @@ def render(
             "",
             "## Codecs",
             "",
-            codecs.codec_tables(results),
+            codec_tables or codecs.codec_tables(results),
             "## Whole streams",
             "",
             "Serialization time of one whole response, server side (encode) and client side "
@@ -163,6 +165,9 @@ def write(raw_path: Path, out_dir: Path) -> Path:
             "\n".join(part for part in sections if part),
             machine.machine_section(raw, raw_dir),
             advice.section(raw_dir),
+            codecs.codec_tables(
+                results, instructions.per_chunk(raw_dir), instructions.note(raw_dir)
+            ),
         )
     )
     return target
