@@ -105,10 +105,20 @@ def test_a_long_round_trip_gets_the_fewest_bytes(tmp_path: Path) -> None:
 
 
 def test_the_answer_follows_the_figures(tmp_path: Path) -> None:
-    slower_delta = {**CODECS, "delta": (8e-6, 18e-6, 60)}
-    _run(tmp_path, slower_delta)
+    slower = {**CODECS, "delta": (8e-6, 18e-6, 60), "msgspec-json": (2.1e-6, 14e-6, 1000)}
+    _run(tmp_path, slower)
     row = _answers(tmp_path)[("token stream", "service to service")]
-    assert row[2].startswith("`protobuf`")  # (10 + 20) / (3 + 9) = 2.5x, delta only 1.15x
+    assert row[2].startswith("`protobuf`;")  # (10 + 20) / (3 + 9) = 2.5x, delta only 1.15x
+
+
+def test_a_draw_is_settled_by_the_registry_order_not_by_the_run(tmp_path: Path) -> None:
+    """orjson and msgspec-json within 10% of each other: whichever is faster in a run, the
+    answer is the same (the first of them in the registry), the other named beside it."""
+    for msgspec_encode_s in (1.9e-6, 2.1e-6):
+        _run(tmp_path, {**CODECS, "msgspec-json": (msgspec_encode_s, 10e-6, 1000)})
+        row = _answers(tmp_path)[("token stream", "browser or OpenAI SDK")]
+        assert row[2] == "`orjson` (`msgspec-json` within 10%) over `http1`"
+    assert advice.verdict_rows(tmp_path)[0] == ["token stream, browser or OpenAI SDK", "`orjson`"]
 
 
 def test_a_payload_the_run_did_not_measure_gets_no_answer(tmp_path: Path) -> None:

@@ -15,8 +15,9 @@ tensor) and each situation:
 - *long round trip*: what the WAN-delay runs show: one stream instead of a request per token,
   on a reused connection, with the smallest codec on the wire.
 
-A codec within ``TIE`` of the best is named beside it: the run cannot tell them apart, and a
-reader should not be told otherwise.
+Codecs within ``TIE`` of the best are named together: the run cannot tell them apart, and a
+reader should not be told otherwise. The answer among them is the first in the codec
+registry's order, so a draw does not change it from one repeat to the next.
 """
 
 from __future__ import annotations
@@ -70,17 +71,18 @@ def _interleaved(raw_dir: Path) -> dict[tuple[str, str], Interleaved]:
 
 
 def _best(scores: Mapping[str, float], *, higher: bool) -> tuple[str, list[str]]:
-    """The best name and the others within ``TIE`` of it, in the order ``scores`` lists them."""
-    ordered = sorted(scores, key=lambda name: -scores[name] if higher else scores[name])
-    best = ordered[0]
-    value = scores[best]
-    close = [
+    """The answer and the others within ``TIE`` of the top figure.
+
+    Among names within ``TIE`` of the top the run cannot tell which is faster, so the answer
+    is the first of them in the order ``scores`` lists them (the codec registry's order), not
+    whichever won this run's draw: a fixed rule gives the same answer in every repeat."""
+    top = max(scores.values()) if higher else min(scores.values())
+    within = [
         name
-        for name in scores
-        if name != best
-        and (scores[name] >= value * (1 - TIE) if higher else scores[name] <= value * (1 + TIE))
+        for name, value in scores.items()
+        if (value >= top * (1 - TIE) if higher else value <= top * (1 + TIE))
     ]
-    return best, close
+    return within[0], within[1:]
 
 
 def _named(best: str, close: list[str]) -> str:
@@ -197,8 +199,15 @@ def rows(raw_dir: Path) -> list[list[str]]:
 
 
 def verdict_rows(raw_dir: Path) -> list[list[str]]:
-    """[payload and situation, use]: what the reproducibility section compares per repeat."""
-    return [[f"{row[0]}, {row[1]}", row[2]] for row in rows(raw_dir)]
+    """[payload and situation, the answer]: what the reproducibility section compares per
+    repeat (the names chosen, without the figures, which move a little in every repeat)."""
+    return [[f"{row[0]}, {row[1]}", _names(row[2])] for row in rows(raw_dir)]
+
+
+def _names(use: str) -> str:
+    """The codec and transport named first in a *use* cell: "`delta` over `http1`"."""
+    chosen = [part.split("`")[1] for part in use.split(";") if part.count("`") >= 2]
+    return " over ".join(f"`{name}`" for name in chosen)
 
 
 def section(raw_dir: Path) -> str:
