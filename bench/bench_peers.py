@@ -146,9 +146,9 @@ class _Env:
         self.request = it.GenerateRequest(workload=WORKLOAD)
         self.expected = list(it.SimulatedService(token_stream_source).chunks(self.request))
         self.own_affinity = os.sched_getaffinity(0)
-        cores = sorted(self.own_affinity)
-        self.pinned = len(cores) >= 2
-        self.server_core, self.client_core = (cores[0], cores[-1]) if self.pinned else (-1, -1)
+        split = server_process.split_cores()
+        self.pinned = split is not None
+        self.server_core, self.client_core = split or (-1, -1)
         if self.pinned:
             os.sched_setaffinity(0, {self.client_core})  # this thread: it runs the loop
 
@@ -159,7 +159,7 @@ class _Env:
             self.processes[name] = process
             assert process.process is not None
             if self.pinned:
-                _pin(process.process.pid, self.server_core)
+                server_process.pin_threads(process.process.pid, self.server_core)
         popen = self.processes[name].process
         assert popen is not None
         return self.processes[name].address, psutil.Process(popen.pid)
@@ -201,13 +201,6 @@ class _Env:
         for process in self.processes.values():
             process.stop()
         os.sched_setaffinity(0, self.own_affinity)
-
-
-def _pin(pid: int, core: int) -> None:
-    """Every thread of ``pid`` to ``core`` (``sched_setaffinity`` of a pid is one thread);
-    threads made later inherit it from their maker."""
-    for thread in psutil.Process(pid).threads():
-        os.sched_setaffinity(thread.id, {core})
 
 
 async def _drive(

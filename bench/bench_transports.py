@@ -11,6 +11,7 @@ Every response is checked against what the service produced; a wrong one fails t
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
@@ -50,9 +51,15 @@ SMALL_REQUEST = ic.InferRequest(
 
 
 class _Bench:
-    """One event loop, one server process per (transport, codec), one client each."""
+    """One event loop, one server process per (transport, codec), one client each; with two
+    cores or more, every server on one core and this process on another
+    (:func:`~inferwire.bench.procs.server_process.split_cores` says why)."""
 
     def __init__(self) -> None:
+        self.own_affinity = os.sched_getaffinity(0)
+        self.cores = server_process.split_cores()
+        if self.cores is not None:
+            os.sched_setaffinity(0, {self.cores[1]})
         self.loop = asyncio.new_event_loop()
         self.servers: dict[tuple[str, str], server_process.ServerProcess] = {}
         self.clients: dict[tuple[str, str, str], it.Client] = {}
@@ -62,7 +69,10 @@ class _Bench:
         key = (transport, codec, mode)
         if key not in self.clients:
             if (transport, codec) not in self.servers:
-                self.servers[transport, codec] = server_process.serve(transport, codec).start()
+                started = server_process.serve(transport, codec).start()
+                self.servers[transport, codec] = started
+                if self.cores is not None and started.process is not None:
+                    server_process.pin_threads(started.process.pid, self.cores[0])
             server = self.servers[transport, codec]
             options: dict[str, Any] = (
                 {"new_connection_per_request": True} if mode == "new-connection" else {}
@@ -84,6 +94,7 @@ class _Bench:
         self.loop.close()
         for server in self.servers.values():
             server.stop()
+        os.sched_setaffinity(0, self.own_affinity)
 
 
 @pytest.fixture(scope="module")

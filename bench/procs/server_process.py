@@ -107,3 +107,22 @@ def serve(transport: str, codec: str, *options: str) -> ServerProcess:
 
 def proxy(upstream: str, delay_ms: float, *options: str) -> ServerProcess:
     return ServerProcess("proxy", "--upstream", upstream, "--delay-ms", str(delay_ms), *options)
+
+
+def pin_threads(pid: int, core: int) -> None:
+    """Every thread of ``pid`` to ``core`` (``sched_setaffinity`` of a pid is one thread);
+    threads made later inherit it from their maker."""
+    import psutil  # type: ignore[import-untyped, unused-ignore]
+
+    for thread in psutil.Process(pid).threads():
+        os.sched_setaffinity(thread.id, {core})
+
+
+def split_cores() -> tuple[int, int] | None:
+    """A (server, client) pair of the cores this process may use, or None with fewer than two.
+
+    On a 2-core machine, whether the kernel puts a client and its server on one core or two
+    changes every round trip (context switches against cross-core wake-ups), and it decides
+    afresh in every process: unpinned, a ratio moves between repeats by that choice."""
+    cores = sorted(os.sched_getaffinity(0))
+    return (cores[0], cores[-1]) if len(cores) >= 2 else None
