@@ -98,7 +98,9 @@ def section(results: list[TransportResult]) -> str:
     parts = [
         "## Transports",
         "",
-        "Server in its own process on loopback, client in the benchmark's process, no pacing "
+        "Server in its own process on loopback, pinned to one core, the client in the "
+        "benchmark's process on the other (unpinned, the kernel's per-process choice of one "
+        "core or two moved the grpc ratios by up to 37% between repeats), no pacing "
         "(prefill and decode time zero): serialization and transport alone. *unary*: a small "
         "infer request (one 1x16 FP32 tensor) and its echo, per round trip on a kept-alive "
         "connection (`http1-new-connection`: a new connection each). *stream*: one whole "
