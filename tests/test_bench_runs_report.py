@@ -127,6 +127,9 @@ def test_the_what_to_use_answers_are_counted_when_given(tmp_path: Path) -> None:
 
     text = reproducibility.section(tmp_path, [], nothing, [], nothing, published, answers)
     assert "What to use: 1 of 2 answers are the same in every repeat." in text
+    # and which answer differs, in which repeat
+    assert "| tensors, hop | grpc tensor | 1 of 2 | repeat 2: http2 tensor |" in text
+    assert "| stream, browser | http1 orjson | 2 of 2 |  |" in text
     without = reproducibility.section(tmp_path, [], nothing, [], nothing)
     assert "What to use" not in without
 

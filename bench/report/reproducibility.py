@@ -138,6 +138,17 @@ def section(
                 ["claim", "published verdict", "repeats with that verdict", "differing"], claim_rows
             ),
             "",
+            *(
+                [
+                    table(
+                        ["payload, situation", "published answer", "repeats with it", "differing"],
+                        advice_rows,
+                    ),
+                    "",
+                ]
+                if advice_rows
+                else []
+            ),
         ]
     )
 
