@@ -72,6 +72,8 @@ def _speed_up(r: Result | None, name: str = "paired_vs_json") -> str:
     """A paired speed-up cell; blank for a run without one (a file from before they existed)."""
     if r is None or getattr(r, name) is None:
         return ""
+    if name == "paired_vs_json" and r.codec == "json":
+        return _ratio(1.0)  # the reference itself: no range to show
     return r.cell(name, _ratio)
 
 
