@@ -229,8 +229,11 @@ def test_a_live_descendant_and_what_it_waited_for_are_this_run_not_others() -> N
 # --- the conftest hooks, in a pytest run of a suite of two tiny benchmarks -----------------
 
 
-def _run_suite(tmp_path: Path, *args: str) -> tuple[dict[str, Any] | None, list[str]]:
-    """The run's benchmark JSON (None if it wrote none) and the calibration points taken."""
+def _run_suite(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The run's benchmark JSON (None if it wrote none) and the calibration points taken;
+    ``env``: more variables for the run's environment."""
     suite = write_suite(tmp_path / "suite")
     out = tmp_path / "out.json"
     log = tmp_path / "points.log"
@@ -258,7 +261,7 @@ def _run_suite(tmp_path: Path, *args: str) -> tuple[dict[str, Any] | None, list[
             *args,
         ],
         cwd=tmp_path,
-        env=clean_env(**{POINT_LOG_ENV: str(log)}),
+        env=clean_env(**{POINT_LOG_ENV: str(log)}, **(env or {})),
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
@@ -309,32 +312,6 @@ def test_an_untimed_run_takes_no_calibration(tmp_path: Path) -> None:
 def test_a_run_pytest_benchmark_turned_off_takes_no_calibration(tmp_path: Path) -> None:
     """In an xdist worker pytest-benchmark times nothing (and writes no JSON), even without
     --benchmark-disable: no calibration is taken for it."""
-    suite = write_suite(tmp_path / "suite")
-    log = tmp_path / "points.log"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(suite),
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "no:xdist",
-            "-p",
-            "no:hypothesispytest",
-            "-q",
-            "-o",
-            "python_files=bench_*.py",
-            "-o",
-            "python_functions=bench_*",
-        ],
-        cwd=tmp_path,
-        env=clean_env(**{POINT_LOG_ENV: str(log), "PYTEST_XDIST_WORKER": "gw0"}),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert not log.exists(), log.read_text()
+    written, taken = _run_suite(tmp_path, env={"PYTEST_XDIST_WORKER": "gw0"})
+    assert written is None
+    assert taken == []

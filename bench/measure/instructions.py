@@ -284,27 +284,19 @@ def _operations(codec_name: str, workload: str) -> _Operations:
     """The closures bench_codec times for a codec and workload (checked to round trip)."""
     import inferwire.codecs as ic
     from inferwire import workloads
+    from inferwire.bench.measure.codec_ops import decode_stream, encode_stream
 
     codec = ic.get(codec_name)
     messages = workloads.get(workload).messages()
     type_: type[Any] = type(messages[0])
     if workloads.get(workload).kind == "stream":
+        frames = encode_stream(codec, messages)
 
         def encode() -> list[bytes]:
-            encoder = codec.stream_encoder()
-            frames = [encoder.encode(m) for m in messages]
-            frames.append(encoder.end())
-            return frames
-
-        frames = encode()
+            return encode_stream(codec, messages)
 
         def decode() -> list[Any]:
-            decoder = codec.stream_decoder(type_)
-            out: list[Any] = []
-            for frame in frames:
-                out += decoder.feed(frame)
-            decoder.close()
-            return out
+            return decode_stream(codec, frames, type_)
 
         ok = decode() == messages
         warmups = WARMUPS
