@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn, TypeAlias
 
+from . import loops
 from .common import split_address
 from .extras import MissingExtraError
 
@@ -227,3 +228,13 @@ def split_checked(address: str) -> tuple[str, int]:
     host, port_number = split_address(address)
     resolve(host, port_number)
     return host, port_number
+
+
+def add_loop_argument(parser: argparse.ArgumentParser) -> None:
+    """``--loop {auto,asyncio,uvloop}`` (:mod:`inferwire.transports.loops`)."""
+    parser.add_argument(
+        "--loop",
+        choices=loops.LOOPS,
+        default="auto",
+        help="the event loop: auto is uvloop when installed (pip install 'inferwire[uvloop]')",
+    )

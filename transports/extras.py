@@ -22,6 +22,7 @@ EXTRAS: Final = {
     "h2": ("h2", "transports"),
     "httptools": ("httptools", "transports"),
     "trustme": ("trustme", "transports"),
+    "uvloop": ("uvloop", "uvloop"),
     "pytest": ("pytest", "bench"),
     "pytest_benchmark": ("pytest-benchmark", "bench"),
     "hdrh": ("hdrhistogram", "bench"),
@@ -35,7 +36,8 @@ EXTRAS: Final = {
     "locust": ("locust", "locust"),
 }
 INCLUDES: Final = {
-    "bench": ("transports",),
+    "bench": ("transports", "uvloop"),
+    "uvloop": (),
     "transports": ("grpc",),
     "grpc": (),
     "tokenizer": (),

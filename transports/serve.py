@@ -7,7 +7,8 @@ in this process, until SIGINT or SIGTERM.
 (the ``inferwire`` command offers the same two, through :func:`add_commands`).
 
 The first line on stdout says where it listens (``listening on HOST:PORT``, and with a
-generated test certificate ``ca=PATH`` of its CA), so a parent process that asked for port 0
+generated test certificate ``ca=PATH`` of its CA), then ``loop=asyncio`` or ``loop=uvloop``
+(the event loop that runs it, ``--loop``), so a parent process that asked for port 0
 learns the port. The simulated service plays the seeded workloads of
 :mod:`inferwire.workloads`.
 """
@@ -32,10 +33,12 @@ from inferwire import workloads
 from inferwire.codecs.delta_codec import default_registry
 from inferwire.workloads import token_stream_source
 
+from . import loops
 from .arguments import (
     CommandError,
     Commands,
     Parser,
+    add_loop_argument,
     authority,
     check_can_listen,
     connect_address,
@@ -123,7 +126,7 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     stop = _stop_on_signals()
     host, port = await _started(server, args.host, args.port)
-    _announce(host, port, extra)
+    _announce(host, port, f"{extra} loop={loops.running()}")
     serving = asyncio.ensure_future(server.serve_forever())
     try:
         await stop.wait()
@@ -159,7 +162,7 @@ async def _proxy(args: argparse.Namespace) -> None:
     )
     stop = _stop_on_signals()
     bound = await _started(proxy, host, port)
-    _announce(*bound)
+    _announce(*bound, f" loop={loops.running()}")
     try:
         await stop.wait()
     finally:
@@ -181,12 +184,12 @@ def _warn_if_unreachable(upstream: tuple[str, int]) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    asyncio.run(_serve(args))
+    loops.run(_serve(args), args.loop)
     return 0
 
 
 def proxy(args: argparse.Namespace) -> int:
-    asyncio.run(_proxy(args))
+    loops.run(_proxy(args), args.loop)
     return 0
 
 
@@ -244,6 +247,7 @@ def add_commands(commands: Commands) -> None:
         default=it.DEFAULT_MAX_MESSAGE_BYTES,
         help="largest message accepted",
     )
+    add_loop_argument(srv)
     srv.set_defaults(run=serve)
 
     prx = commands.add_parser(
@@ -265,6 +269,7 @@ def add_commands(commands: Commands) -> None:
         type=positive,
         help="bandwidth cap per direction, Mbit/s (default: none)",
     )
+    add_loop_argument(prx)
     prx.set_defaults(run=proxy)
 
 
