@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import ClassVar, Final
+from typing import ClassVar, Final, cast
 
 import h2.config
 import h2.connection
@@ -77,7 +77,8 @@ class ClientProtocol(asyncio.Protocol):
         server's SETTINGS_MAX_CONCURRENT_STREAMS) looks again."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports implement asyncio.Transport's methods without subclassing it
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
         self.writer = Writer(transport)
         self.conn.local_settings = h2.settings.Settings(

@@ -116,7 +116,8 @@ class ServerProtocol(asyncio.Protocol):
         self._eof_sent = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's transports implement asyncio.Transport's methods without subclassing it
+        transport = cast(asyncio.Transport, transport)
         self.transport = transport
         self.writer = Writer(transport, self.server.limits.timeout_s)
         self.server.protocols.add(self)
