@@ -10,6 +10,16 @@ O(bytes)), then returns a read-only view over it (:mod:`inferwire.codecs.fbviews
 ``numpy.frombuffer`` over the input, ``materialize()`` gives the plain model object, and a view
 compares equal to the model object it stands for.
 
+Two builders write the same bytes. The default is compiled, :mod:`inferwire.codecs.
+_flatbuffers_accel` (codecs/_flatbuffers_accel.c): the official ``flatbuffers.Builder`` is pure
+Python, a method call and a ``struct.pack`` per scalar, and that cost (20-30x protobuf's per
+chunk), not the format's, was what the codec tables showed. The official builder stays the
+reference (:func:`encode_reference`, ``FlatbuffersCodec(builder="reference")``) and the
+fallback: the extension hands back every message it does not take (a subclass, a BYTES tensor,
+a non-contiguous array, a value out of range, anything of another type), and the reference then
+encodes it or raises its :class:`EncodeError`. ``INFERWIRE_PURE_PYTHON=1`` in the environment,
+read at import, leaves the extension unused, as for the delta codec.
+
 Absent and empty differ where the model says so: ``logprobs`` absent is ``None`` and present
 but empty is ``()``; ``finish_reason`` absent is ``None``; ``usage`` absent is ``None``. Other
 empty strings and vectors are not written at all (absent reads as empty). Streams are
@@ -20,10 +30,12 @@ copy of its frame.
 from __future__ import annotations
 
 import importlib
+import os
 import struct
 import threading
+import warnings
 from collections.abc import Callable
-from typing import Any, ClassVar, Final, TypeVar, cast
+from typing import Any, ClassVar, Final, Literal, Protocol, TypeVar, cast
 
 import flatbuffers
 import numpy as np
@@ -55,15 +67,19 @@ from .model import (
 from .tensors import bytes_elements_to_raw, checked_dtype
 
 __all__ = [
+    "BUILDERS",
     "EmbeddingBatchView",
     "Envelope",
+    "FlatbuffersBuilder",
     "FlatbuffersCodec",
     "InferRequestView",
     "InferResponseView",
     "TensorView",
     "TokenChunkView",
+    "accelerated",
     "decode_message",
     "encode_message",
+    "encode_reference",
 ]
 
 M = TypeVar("M")
@@ -294,8 +310,10 @@ def _byte_buffer(data: BytesLike) -> Buffer:
         raise DecodeError(f"cannot read this buffer in place: {exc}") from exc
 
 
-def encode_message(message: Message) -> bytes:
-    """The size-prefixed ``Envelope`` of ``message``. Raises :class:`EncodeError`."""
+def encode_reference(message: Message) -> bytes:
+    """The size-prefixed ``Envelope`` of ``message``, written by the official
+    ``flatbuffers.Builder``: the reference the compiled encoder is tested against. Raises
+    :class:`EncodeError`."""
     entry = _BUILDERS.get(type(message))
     if entry is None:
         raise EncodeError(f"flatbuffers cannot encode {type(message).__name__}")
@@ -316,6 +334,74 @@ def encode_message(message: Message) -> bytes:
         raise
     except (*_ENCODE_ERRORS, BuilderSizeError) as exc:
         raise EncodeError(f"flatbuffers: {type(exc).__name__}: {exc}") from exc
+
+
+# --- the compiled encoder ------------------------------------------------------------------
+
+
+class _Accelerator(Protocol):
+    """What the C extension provides (codecs/_flatbuffers_accel.c; its stub has the details)."""
+
+    API_VERSION: int
+
+    def encode(self, message: object, /) -> bytes | None: ...
+
+
+_ACCEL_API_VERSION: Final = 1
+
+
+def _load_accelerator() -> _Accelerator | None:
+    """The C extension, bound to the model classes; None when absent, stale or turned off."""
+    if os.environ.get("INFERWIRE_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from . import _flatbuffers_accel
+    except ImportError:
+        return None  # not built (a pure-Python install): the reference does all the work
+    try:
+        if getattr(_flatbuffers_accel, "API_VERSION", None) != _ACCEL_API_VERSION:
+            raise TypeError("its API version differs")
+        _flatbuffers_accel.configure(
+            TokenChunk,
+            TokenLogprob,
+            TopLogprob,
+            Usage,
+            EmbeddingBatch,
+            Tensor,
+            InferRequest,
+            InferResponse,
+            np.ndarray,
+        )
+    except (TypeError, ValueError) as exc:  # loud in tests (warnings are errors there)
+        warnings.warn(
+            f"inferwire.codecs._flatbuffers_accel is stale ({exc}); using the official "
+            "flatbuffers builder. Rebuild it: pip install -e . (or make venv).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return _flatbuffers_accel
+
+
+_accel = _load_accelerator()
+
+FlatbuffersBuilder = Literal["compiled", "reference"]
+BUILDERS: Final[tuple[FlatbuffersBuilder, ...]] = ("compiled", "reference")
+
+
+def accelerated() -> bool:
+    """Whether the compiled encoder is built and in use by default."""
+    return _accel is not None
+
+
+def encode_message(message: Message) -> bytes:
+    """The size-prefixed ``Envelope`` of ``message``: compiled when the extension takes it, else
+    :func:`encode_reference` (the same bytes). Raises :class:`EncodeError`."""
+    if _accel is not None:
+        data = _accel.encode(message)
+        if data is not None:
+            return data
+    return encode_reference(message)
 
 
 def decode_message(
@@ -348,13 +434,35 @@ class FlatbuffersCodec(Codec):
     stream_media_type: ClassVar[str] = "application/vnd.inferwire.frames+flatbuffers"
 
     def __init__(
-        self, *, max_items: int = DEFAULT_MAX_ITEMS, max_depth: int = DEFAULT_MAX_DEPTH
+        self,
+        *,
+        builder: FlatbuffersBuilder | None = None,
+        max_items: int = DEFAULT_MAX_ITEMS,
+        max_depth: int = DEFAULT_MAX_DEPTH,
     ) -> None:
+        """``builder``: ``"compiled"`` (the C extension, with the reference as its fallback),
+        ``"reference"`` (the official ``flatbuffers.Builder`` only), or None: compiled when
+        the extension is built. The bytes are the same either way."""
+        if builder is None:
+            builder = "compiled" if _accel is not None else "reference"
+        if builder not in BUILDERS:
+            raise ValueError(f"builder must be one of {', '.join(BUILDERS)}, not {builder!r}")
+        if builder == "compiled" and _accel is None:
+            raise ValueError(
+                "the compiled FlatBuffers encoder is not built, or INFERWIRE_PURE_PYTHON is set"
+            )
+        self.builder: FlatbuffersBuilder = builder
+        self._fast = _accel.encode if builder == "compiled" and _accel is not None else None
         self.max_items = max_items
         self.max_depth = max_depth
 
     def encode(self, message: Message, /) -> bytes:
-        return encode_message(message)
+        fast = self._fast
+        if fast is not None:
+            data = fast(message)
+            if data is not None:
+                return data
+        return encode_reference(message)
 
     def decode(self, data: BytesLike, type_: type[M], /) -> M:
         # decode_message's body, inline: one call frame is measurable on a ~20 us decode
