@@ -159,8 +159,9 @@ typedef struct {
     Py_ssize_t nvtables, vtables_cap;
     uint16_t *keys;
     Py_ssize_t nkeys, keys_cap;
-    Vtable vtables_small[16];
-    uint16_t keys_small[128];
+    /* room for the workloads' messages (at most 6 vtables and 27 key entries); more on the heap */
+    Vtable vtables_small[6];
+    uint16_t keys_small[28];
 } Builder;
 
 static void
