@@ -31,7 +31,9 @@ import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.bench.measure.baselines import BASELINES, read_all
 from inferwire.bench.measure.codec_ops import (
+    FLATBUFFERS_BUILDER,
     ROUND_TRIP_OP,
+    codecs_for,
     decode_stream,
     encode_stream,
     is_stream,
@@ -40,7 +42,7 @@ from inferwire.bench.measure.codec_ops import (
 )
 from inferwire.bench.measure.codec_rounds import Rounds, gc_off
 from inferwire.bench.measure.paired import paired_ratio
-from inferwire.codecs import delta_codec
+from inferwire.codecs import delta_codec, flatbuffers_codec
 
 
 def _supports(codec: str, workload: str) -> bool:
@@ -163,14 +165,16 @@ def _run(
 
 @pytest.mark.parametrize(("workload", "op"), GROUPS)
 def bench_codecs_interleaved(benchmark: Any, workload: str, op: str) -> None:
-    """Every codec that carries ``workload``, timed once per round in a shuffled order.
+    """Every codec that carries ``workload``, timed once per round in a shuffled order; for
+    encode, ``flatbuffers (builder)`` too (:func:`~inferwire.bench.measure.codec_ops.codecs_for`).
 
     ``extra_info["codecs"][codec]``: ``median_s`` and ``iqr_s`` per call (a whole stream or
     message) over the rounds, ``loops`` (calls per sample), ``wire_bytes``, ``correct``;
     ``vs_json`` / ``vs_orjson``: per codec, the median over rounds of json's (orjson's) time
     / the codec's time in the same round, a speed-up (> 1 is faster)."""
-    names = [c for c in ic.names() if _supports(c, workload)]
-    ops = {name: operation(ic.get(name), workload, op) for name in names}
+    codecs = codecs_for(workload, op)
+    names = list(codecs)
+    ops = {name: operation(codec, workload, op) for name, codec in codecs.items()}
     rounds = Rounds({n: o.call for n, o in ops.items()}, seed=f"{workload} {op}")
     benchmark.group = f"codecs {workload}"
     correct = _run(benchmark, rounds, {n: o.check for n, o in ops.items()})
@@ -424,4 +428,72 @@ def bench_flat_decode(benchmark: Any, codec_name: str) -> None:
         len(large_data),
         1,
         out == large and decode_small() == small,
+    )
+
+
+FLATBUFFERS_TARGETS: Final = [
+    ("stream-256", "protobuf"),
+    ("stream-256-top5", "protobuf"),
+    ("image-fp32", "protobuf"),
+    ("image-fp32", "tensor"),
+    ("embed-32x1024", "protobuf"),
+    ("embed-32x1024", "tensor"),
+]
+FLATBUFFERS_BUDGET_S: Final = 0.5
+FLATBUFFERS_MIN_ROUNDS: Final = 21
+FLATBUFFERS_MIN_SAMPLE_S: Final = 1e-3
+
+
+@pytest.mark.parametrize(("workload", "baseline"), FLATBUFFERS_TARGETS)
+def bench_flatbuffers_encode(benchmark: Any, workload: str, baseline: str) -> None:
+    """FlatBuffers encode on its compiled encoder against ``baseline``'s encode of the same
+    messages (a stream's chunks through the stream encoder, framing included, as the codec
+    tables time them), with the official builder timed in the same rounds: the target
+    (flatbuffers <= protobuf per chunk and per tensor message) read from one paired ratio.
+
+    ``paired_ratio``: flatbuffers / ``baseline`` per round, the median over interleaved rounds
+    of calibrated samples; ``builder_paired_ratio``: the builder / ``baseline``;
+    ``builder_vs_compiled``: the builder / flatbuffers (what the compiled encoder saves)."""
+    if not flatbuffers_codec.accelerated():
+        pytest.skip("the FlatBuffers C extension is not built, or INFERWIRE_PURE_PYTHON is set")
+    codecs = {
+        "flatbuffers": ic.get("flatbuffers"),
+        FLATBUFFERS_BUILDER: codecs_for(workload, "encode")[FLATBUFFERS_BUILDER],
+        baseline: ic.get(baseline),
+    }
+    ops = {name: operation(codec, workload, "encode") for name, codec in codecs.items()}
+    benchmark.group = f"targets {workload}"
+    benchmark.extra_info["baseline"] = baseline
+    out = benchmark(ops["flatbuffers"].call)
+    rounds = Rounds(
+        {name: op.call for name, op in ops.items()},
+        seed=f"flatbuffers encode {workload} {baseline}",
+        min_sample_s=FLATBUFFERS_MIN_SAMPLE_S,
+    )
+    with gc_off():
+        if benchmark.disabled:
+            rounds.one_round()
+        else:
+            rounds.calibrate()
+            for _ in range(
+                rounds.plan(budget_s=FLATBUFFERS_BUDGET_S, min_rounds=FLATBUFFERS_MIN_ROUNDS)
+            ):
+                rounds.one_round()
+    benchmark.extra_info.update(
+        paired_ratio=rounds.ratio("flatbuffers", baseline),
+        builder_paired_ratio=rounds.ratio(FLATBUFFERS_BUILDER, baseline),
+        builder_vs_compiled=rounds.ratio(FLATBUFFERS_BUILDER, "flatbuffers"),
+        rounds=rounds.rounds,
+        median_s={name: rounds.median_s(name) for name in ops},
+        wire_bytes_by_codec={name: op.wire_bytes for name, op in ops.items()},
+    )
+    _record(
+        benchmark,
+        "flatbuffers",
+        workload,
+        f"encode-vs-{baseline}",
+        ops["flatbuffers"].wire_bytes,
+        len(workloads.get(workload).messages()),
+        all(op.check(rounds.last[name]) for name, op in ops.items())
+        and ops["flatbuffers"].check(out),
     )

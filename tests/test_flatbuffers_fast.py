@@ -104,7 +104,10 @@ def canonical(value: Any) -> Any:
             return ("objects", value.shape, tuple(value.reshape(-1).tolist()))
         return ("array", value.dtype.str, value.shape, np.ascontiguousarray(value).tobytes())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, *(canonical(getattr(value, f.name)) for f in dataclasses.fields(value)))
+        return (
+            type(value).__name__,
+            *(canonical(getattr(value, f.name)) for f in dataclasses.fields(value)),
+        )
     if isinstance(value, tuple | list):
         return tuple(canonical(v) for v in value)
     return value
@@ -124,8 +127,8 @@ def check_same_as_reference(message: Any, *, taken: bool = True) -> bytes:
     assert fast == reference  # byte for byte: the same layout as flatbuffers.Builder
     type_ = type(message)
     verify_envelope(fast, PAYLOAD_OF[type_])
-    decoded = fast_codec().decode(fast, type_).materialize()  # type: ignore[attr-defined]
-    expected = REFERENCE.decode(reference, type_).materialize()  # type: ignore[attr-defined]
+    decoded = fast_codec().decode(fast, type_).materialize()
+    expected = REFERENCE.decode(reference, type_).materialize()
     assert canonical(decoded) == canonical(expected) == canonical(message)
     return fast
 
@@ -143,7 +146,9 @@ def test_the_extension_is_built_and_used_by_default() -> None:
         assert FlatbuffersCodec().builder == "compiled"
     assert fast_codec()._fast is ACCEL.encode
     assert REFERENCE._fast is None
-    assert ic.get("flatbuffers", builder="reference").builder == "reference"
+    by_name = ic.get("flatbuffers", builder="reference")
+    assert isinstance(by_name, FlatbuffersCodec)
+    assert by_name.builder == "reference"
 
 
 def test_a_builder_is_named_or_refused() -> None:
@@ -248,9 +253,7 @@ def tensors(draw: st.DrawFn, datatypes: list[str] = NUMERIC) -> Tensor:
 
 
 def infer_messages(datatypes: list[str]) -> st.SearchStrategy[InferRequest | InferResponse]:
-    many = st.tuples(sequences, st.lists(tensors(datatypes), max_size=5)).map(
-        lambda p: p[0](p[1])
-    )
+    many = st.tuples(sequences, st.lists(tensors(datatypes), max_size=5)).map(lambda p: p[0](p[1]))
     return st.builds(InferRequest, model=texts, id=texts, inputs=many) | st.builds(
         InferResponse, model=texts, id=texts, outputs=many
     )
@@ -334,7 +337,8 @@ VARIED_REQUEST = InferRequest(
 def test_many_tables_and_vtables_past_the_stack_room() -> None:
     """More offsets than the 32 kept on the stack, more vtables and key entries than its first
     room (6 and 28): the heap paths, byte for byte."""
-    assert MANY_LOGPROBS.logprobs is not None and len(MANY_LOGPROBS.logprobs) > 32
+    assert MANY_LOGPROBS.logprobs is not None
+    assert len(MANY_LOGPROBS.logprobs) > 32
     check_same_as_reference(MANY_LOGPROBS)
     data = check_same_as_reference(VARIED_REQUEST)
     assert len(VARIED_REQUEST.inputs) > 32
@@ -363,7 +367,9 @@ def _chunk(**changes: Any) -> TokenChunk:
         seq=2,
         token_ids=(1, 2),
         text="hi",
-        logprobs=(TokenLogprob(token="h", logprob=-0.5, top=(TopLogprob(token="h", logprob=-0.5),)),),
+        logprobs=(
+            TokenLogprob(token="h", logprob=-0.5, top=(TopLogprob(token="h", logprob=-0.5),)),
+        ),
         finish_reason="stop",
         usage=Usage(prompt_tokens=1, completion_tokens=2),
     )
@@ -394,7 +400,9 @@ HANDED_BACK = {
     "non-contiguous": _request(_tensor(IMAGE[:, :, ::2])),
     "fortran-order": _request(_tensor(np.asfortranarray(IMAGE))),
     "array-subclass": _request(_tensor(IMAGE.view(Array))),
-    "non-contiguous-vectors": EmbeddingBatch(model="m", vectors=np.zeros((4, 6), np.float32)[:, ::2]),
+    "non-contiguous-vectors": EmbeddingBatch(
+        model="m", vectors=np.zeros((4, 6), np.float32)[:, ::2]
+    ),
     "int-logprob": _chunk(logprobs=(TokenLogprob(token="a", logprob=-1),)),
     "zero-float-created": _chunk(created=0.0),
     # values the reference refuses
@@ -414,16 +422,20 @@ HANDED_BACK = {
     "model-none": _chunk(model=None),
     "lone-surrogate": _chunk(text="a\ud800b"),
     "surrogate-in-top": _chunk(
-        logprobs=(TokenLogprob(token="a", logprob=-1.0, top=(TopLogprob(token="\udfff", logprob=0.0),)),)
+        logprobs=(
+            TokenLogprob(token="a", logprob=-1.0, top=(TopLogprob(token="\udfff", logprob=0.0),)),
+        )
     ),
     "finish-bytes": _chunk(finish_reason=b"stop"),
     "usage-dict": _chunk(usage={"prompt_tokens": 1}),
     "usage-negative": _chunk(usage=Usage(prompt_tokens=-1, completion_tokens=0)),
     "usage-overflow": _chunk(usage=Usage(prompt_tokens=0, completion_tokens=2**32)),
-    "logprob-str": _chunk(logprobs=(TokenLogprob(token="a", logprob="x"),)),
+    "logprob-str": _chunk(logprobs=(TokenLogprob(token="a", logprob="x"),)),  # type: ignore[arg-type]
     "logprobs-of-tops": _chunk(logprobs=(TopLogprob(token="a", logprob=0.0),)),
     "top-of-logprobs": _chunk(
-        logprobs=(TokenLogprob(token="a", logprob=0.0, top=(TokenLogprob(token="a", logprob=0.0),)),)
+        logprobs=(
+            TokenLogprob(token="a", logprob=0.0, top=(TokenLogprob(token="a", logprob=0.0),)),  # type: ignore[arg-type]
+        )
     ),
     "top-none": _chunk(logprobs=(TokenLogprob(token="a", logprob=0.0, top=None),)),  # type: ignore[arg-type]
     "unset-chunk": _unset(TokenChunk),
@@ -432,14 +444,14 @@ HANDED_BACK = {
     "unset-tensor": _request(_unset(Tensor)),
     "unset-embedding": _unset(EmbeddingBatch),
     "unset-request": _unset(InferRequest),
-    "float64-vectors": EmbeddingBatch(model="m", vectors=np.zeros((1, 2))),
+    "float64-vectors": EmbeddingBatch(model="m", vectors=np.zeros((1, 2))),  # type: ignore[arg-type]
     "1d-vectors": EmbeddingBatch(model="m", vectors=np.zeros(3, np.float32)),
     "list-vectors": EmbeddingBatch(model="m", vectors=[[1.0]]),  # type: ignore[arg-type]
     "big-endian-vectors": EmbeddingBatch(model="m", vectors=np.zeros((1, 2), ">f4")),
     "unknown-datatype": _request(_tensor(np.zeros(1, np.uint8), "FP8")),
     "datatype-with-nul": _request(_tensor(IMAGE, "FP32\x00")),
     "datatype-lowercase": _request(_tensor(IMAGE, "fp32")),
-    "datatype-not-str": _request(_tensor(IMAGE, datatype=32)),
+    "datatype-not-str": _request(_tensor(IMAGE, datatype=32)),  # type: ignore[arg-type]
     "dtype-mismatch": _request(_tensor(IMAGE, "FP64")),
     "signedness-mismatch": _request(_tensor(np.zeros(2, np.int32), "UINT32")),
     "bool-as-uint8": _request(_tensor(np.zeros(2, np.uint8), "BOOL")),
@@ -448,7 +460,7 @@ HANDED_BACK = {
     "shape-rank-mismatch": _request(_tensor(IMAGE, shape=(24,))),
     "shape-str": _request(_tensor(IMAGE, shape="234")),
     "data-bytes": _request(_tensor(b"\x00" * 4, shape=(1,))),
-    "data-memoryview": _request(_tensor(memoryview(IMAGE), shape=(2, 3, 4))),
+    "data-memoryview": _request(_tensor(memoryview(IMAGE), shape=(2, 3, 4))),  # type: ignore[arg-type]
     "str-in-bytes-tensor": _request(_tensor(np.array(["text"], dtype=object), "BYTES")),
     "tensor-not-a-tensor": _request(IMAGE),  # type: ignore[arg-type]
     "inputs-dict": _request(inputs={"x": _tensor(IMAGE)}),

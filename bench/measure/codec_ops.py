@@ -1,6 +1,13 @@
 """What the codec suite times: each codec's call for a workload and an operation (a whole
 stream through the stream encoder/decoder, framing included, or one unary message), the
-wrapper levels of :mod:`inferwire.bench.measure.baselines`, and the check of each result."""
+wrapper levels of :mod:`inferwire.bench.measure.baselines`, and the check of each result.
+
+Beside the registered codecs, the suite times one variant: ``flatbuffers (builder)``, the
+FlatBuffers codec on the official ``flatbuffers.Builder`` (its reference path), next to
+``flatbuffers`` on its compiled encoder. The bytes are the same, so the two rows tell the
+format's cost from the library's. It is a bench-side variant, not a registered codec name:
+every parametrized codec and transport test runs over ``ic.names()``, and would run it too.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +19,35 @@ from typing import Any, Final
 import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.bench.measure.baselines import BASELINES, read_all
+from inferwire.codecs import flatbuffers_codec
 
 ROUND_TRIP_OP: Final = "encode+decode"
+FLATBUFFERS_BUILDER: Final = "flatbuffers (builder)"
+"""The FlatBuffers codec on the official builder: the variant the suite times beside it."""
+VARIANT_OPS: Final = ("encode",)
+"""What a variant is timed for: the builder differs from the codec's default in encode only."""
+
+
+@functools.cache
+def flatbuffers_builder() -> ic.Codec:
+    """One instance, so :func:`stream_frames` encodes its streams once."""
+    return ic.get("flatbuffers", builder="reference")
+
+
+def codecs_for(workload: str, op: str) -> dict[str, ic.Codec]:
+    """Every registered codec that carries ``workload``, in registry order, and after
+    ``flatbuffers`` its builder variant for :data:`VARIANT_OPS` (when the compiled encoder is
+    the codec's default; without it the two would be the same path)."""
+    type_ = type(workloads.get(workload).messages()[0])
+    out: dict[str, ic.Codec] = {}
+    for name in ic.names():
+        codec = ic.get(name)
+        if type_ not in codec.types:
+            continue
+        out[name] = codec
+        if name == "flatbuffers" and op in VARIANT_OPS and flatbuffers_codec.accelerated():
+            out[FLATBUFFERS_BUILDER] = flatbuffers_builder()
+    return out
 
 
 def is_stream(workload: str) -> bool:
