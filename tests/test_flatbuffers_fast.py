@@ -68,9 +68,8 @@ WORKLOAD_MESSAGES = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _extension_on() -> Iterator[None]:
-    """The extension in use even under INFERWIRE_PURE_PYTHON: these tests compare it."""
+def configure() -> None:
+    """Bind the extension to the model, as the codec does at import."""
     ACCEL.configure(
         TokenChunk,
         TokenLogprob,
@@ -82,6 +81,12 @@ def _extension_on() -> Iterator[None]:
         InferResponse,
         np.ndarray,
     )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _extension_on() -> Iterator[None]:
+    """The extension in use even under INFERWIRE_PURE_PYTHON: these tests compare it."""
+    configure()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fbc, "_accel", ACCEL)
         yield
@@ -546,7 +551,7 @@ def test_configure_refuses_what_is_not_the_model() -> None:
     # a failed configure leaves the module unconfigured, not half-bound
     with pytest.raises(TypeError, match="configure"):
         ACCEL.encode(_chunk())
-    fbc._load_accelerator()  # the codec's own configure, as at import
+    configure()
     assert ACCEL.encode(_chunk()) == fbc.encode_reference(_chunk())
 
 
