@@ -12,9 +12,10 @@
  * calls them. tests/test_flatbuffers_fast.py checks the bytes are equal, so the verifier, the
  * views and other languages' readers see one layout whichever path wrote it.
  *
- * Two passes over the message: the first measures (the same steps, nothing written), the
- * second writes into a bytes object of exactly that size, back to front. A tensor's bytes are
- * copied once, into the output; the Python builder copies them twice.
+ * A small message (a token chunk) is built in a buffer on the stack and copied out. A larger
+ * one takes two passes: the first measures (the same steps, nothing written), the second
+ * writes into a bytes object of exactly that size, back to front, so a tensor's bytes are
+ * copied once, into the output (the Python builder copies them twice).
  *
  * What it takes: messages of exactly the model types, with fields of exactly the types the
  * model declares (str, int, float, tuple or list, the model classes, C-contiguous numpy arrays
@@ -46,6 +47,7 @@
 #define DATA_ALIGNMENT 16
 #define MAX_SLOTS 10
 #define SMALL 32
+#define SCRATCH_BYTES 4096
 
 /* union Payload's values, in the order of the .fbs (0 is NONE). */
 enum { PAYLOAD_TOKEN_CHUNK = 1, PAYLOAD_EMBEDDING_BATCH, PAYLOAD_INFER_REQUEST,
@@ -1110,9 +1112,25 @@ encode(PyObject *module, PyObject *message)
 #if !PY_LITTLE_ENDIAN
     Py_RETURN_NONE; /* every value is written as the host holds it: little-endian only */
 #endif
+    /* A message that fits the stack buffer is built once and copied out (a token chunk: a few
+     * hundred bytes); a larger one is measured, then written into a bytes object of its size. */
+    uint8_t scratch[SCRATCH_BYTES];
     Builder b;
-    builder_init(&b, NULL, 0);
+    builder_init(&b, scratch, SCRATCH_BYTES);
     int result = build(&b, message);
+    int overran = b.overrun;
+    builder_free(&b);
+    if (result == STEP_ERROR) {
+        return NULL;
+    }
+    if (!overran) {
+        if (result == STEP_BAIL) {
+            Py_RETURN_NONE;
+        }
+        return PyBytes_FromStringAndSize((const char *)scratch + (SCRATCH_BYTES - b.off), b.off);
+    }
+    builder_init(&b, NULL, 0);
+    result = build(&b, message);
     Py_ssize_t size = b.off;
     builder_free(&b);
     if (result == STEP_ERROR) {
