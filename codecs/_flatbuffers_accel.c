@@ -18,8 +18,8 @@
  * copied once, into the output (the Python builder copies them twice).
  *
  * What it takes: messages of exactly the model types, with fields of exactly the types the
- * model declares (str, int, float, tuple or list, the model classes, C-contiguous numpy arrays
- * of the datatype's dtype). Anything else (a subclass, a value the reference refuses, a BYTES
+ * model declares (str, int, float or a subclass of float such as numpy.float64, tuple or list,
+ * the model classes, C-contiguous numpy arrays of the datatype's dtype). Anything else (a subclass, a value the reference refuses, a BYTES
  * tensor, a string with a lone surrogate, an integer out of its field's range) is handed back:
  * encode() returns None, having changed nothing, and the Python reference encodes it or raises
  * its typed error. The only exceptions raised here are MemoryError and TypeError for a call
@@ -625,10 +625,11 @@ uint32_of(PyObject *value, uint32_t *out)
     return STEP_OK;
 }
 
+/* A float, or a float subclass (numpy.float64): its stored value, as struct.pack reads it. */
 static int
 double_of(PyObject *value, double *out)
 {
-    if (value == NULL || !PyFloat_CheckExact(value)) {
+    if (value == NULL || !PyFloat_Check(value)) {
         return STEP_BAIL;
     }
     *out = PyFloat_AS_DOUBLE(value);

@@ -353,6 +353,20 @@ def test_many_tables_and_vtables_past_the_stack_room() -> None:
     assert keys > 28
 
 
+def test_numpy_float_logprobs_are_taken() -> None:
+    """numpy.float64 is a float: its stored value, the bits struct.pack writes."""
+    chunk = _chunk(
+        logprobs=(
+            TokenLogprob(
+                token="a",
+                logprob=np.float64(-0.125),
+                top=(TopLogprob(token="b", logprob=np.float64("nan")),),
+            ),
+        )
+    )
+    check_same_as_reference(chunk)
+
+
 # -- what the extension hands back ---------------------------------------------------------
 
 
