@@ -350,3 +350,41 @@ def test_warm_blocks_start_each_block_with_an_untimed_call() -> None:
     for warm, *block in (first, second):
         assert sorted(block) in (["a", "b"], ["c", "d"])
         assert warm == block[-1]
+
+
+def _flatbuffers_encode(workload: str, baseline: str, ratio: float) -> dict[str, Any]:
+    """``bench_flatbuffers_encode``'s record: the compiled encoder / ``baseline``, paired."""
+    info = {
+        "codec": "flatbuffers",
+        "workload": workload,
+        "op": f"encode-vs-{baseline}",
+        "wire_bytes": 100,
+        "messages": 256 if workload.startswith("stream") else 1,
+        "correct": True,
+        "baseline": baseline,
+        "paired_ratio": ratio,
+        "repeats": {"paired_ratio": [ratio * 0.9, ratio, ratio * 1.1]},
+    }
+    return {
+        "name": f"bench_flatbuffers_encode[{workload}-{baseline}]",
+        "extra_info": info,
+        "stats": _stats(1e-3),
+    }
+
+
+def test_flatbuffers_encode_targets_read_the_paired_ratio_per_chunk_and_per_message(
+    tmp_path: Path,
+) -> None:
+    run = [
+        _flatbuffers_encode("stream-256", "protobuf", 0.3),
+        _flatbuffers_encode("image-fp32", "tensor", 1.2),
+    ]
+    rows = {
+        row[0]: row
+        for row in codecs.target_rows(codec_results(_write(tmp_path, run))[0])
+        if row[0].startswith("`flatbuffers` encode")
+    }
+    chunk = rows["`flatbuffers` encode <= `protobuf` encode, per chunk (`stream-256`)"]
+    message = rows["`flatbuffers` encode <= `tensor` encode, per message (`image-fp32`)"]
+    assert chunk[2].startswith("0.30x") and chunk[4] == "met"
+    assert message[2].startswith("1.20x") and message[4] == "**missed**"
