@@ -144,10 +144,10 @@ def _top_logprobs(values: list[float], float32: bool) -> bytes:
     if float32:
         singles = []
         for value in values:
-            packed = to_float32(value)
-            if packed is None:
+            single = to_float32(value)
+            if single is None:
                 break
-            singles.append(packed)
+            singles.append(single)
         else:
             size = 4 * len(values)
             if best is None or 1 + len(_varint(size)) + size < len(best):

@@ -690,9 +690,7 @@ def test_encode_frame_hands_back_a_chunk_of_another_response_untouched() -> None
     ]:
         index: dict[str, int] = {}
         strings: list[str] = []
-        assert (
-            ACCEL.encode_frame(chunk, base, next_seq, offset, index, strings, True, True) is None
-        )
+        assert ACCEL.encode_frame(chunk, base, next_seq, offset, index, strings, True, True) is None
         assert (index, strings) == ({}, [])
     frame = ACCEL.encode_frame(chunk, ("r", "m", 0, 0), 5, 0, {}, [], True, False)
     assert frame == b"\x09\x12\x01\x01\x22\x03new"  # format 0: token ids packed
