@@ -468,6 +468,18 @@ def test_a_reader_without_the_float32_fields_refuses_format_1(
         reader.decode(FAST.encode(PREVIOUS_CHUNKS[1]), ic.TokenChunk)
 
 
+@pytest.mark.parametrize("mode", list(ic.Compatibility))
+def test_every_mode_accepts_v3_after_v2_and_v3_reads_both(mode: ic.Compatibility) -> None:
+    registry = ic.SchemaRegistry(compatibility=mode)
+    v1, v2, v3 = (DeltaCodec(schema=s, registry=registry) for s in (DELTA_V1, DELTA_V2, DELTA_V3))
+    assert registry.versions(delta_codec.SUBJECT) == [1, 2, 3]
+    chunks = [c for c in workloads.get("stream-16-top5").messages() if isinstance(c, ic.TokenChunk)]
+    plain = [dataclasses.replace(c, usage=None) for c in chunks]
+    for writer, sent in ((v1, plain), (v2, chunks), (v3, chunks)):
+        data = encode(writer, sent)
+        assert [comparable(c) for c in decode(v3, data)] == [comparable(c) for c in sent]
+
+
 def _stream(magic: int, *bodies: bytes) -> bytes:
     head = bytes((magic,)) + struct.pack(">I", FAST.schema_id) + b"\x00"
     frames = b"".join(varint(len(body) + 1) + body for body in bodies)
