@@ -29,6 +29,7 @@
 #include <Python.h>
 #include <structmember.h> /* T_OBJECT_EX, READONLY */
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -421,27 +422,23 @@ put_float32(Buf *buf, double value)
     return 0;
 }
 
-/* delta_wire.to_float32: 1 if a float32 holds value exactly (NaN never: its payload is kept only
- * as a double), 0 if not, -1 on error. The same CPython routines as the struct module's "<f". */
-static int
+/* delta_wire.to_float32: whether a float32 holds value exactly (NaN never: its payload is kept
+ * only as a double). The cast is the one PyFloat_Pack4 (the struct module's "<f") makes; a value
+ * past the largest float32 is refused before it, as Pack4 refuses one that rounds to infinity
+ * (one that rounds down to FLT_MAX is another value, so not exact either way). */
+static inline int
 float32_exact(double value)
 {
     if (isnan(value)) {
         return 0;
     }
-    char packed[4];
-    if (PyFloat_Pack4(value, packed, 1) < 0) {
-        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            PyErr_Clear(); /* past the largest float32 */
-            return 0;
-        }
-        return -1;
+    if (isinf(value)) {
+        return 1;
     }
-    double back = PyFloat_Unpack4(packed, 1);
-    if (back == -1.0 && PyErr_Occurred()) {
-        return -1;
+    if (fabs(value) > FLT_MAX) {
+        return 0;
     }
-    return back == value;
+    return (double)(float)value == value;
 }
 
 /* ---- logprobs as decimals ------------------------------------------------------------------- */
@@ -868,9 +865,7 @@ put_top_values(Buf *buf, const Entry *top, Py_ssize_t count, int float32)
         }
         int singles = 1;
         for (Py_ssize_t i = 0; i < count && singles; i++) {
-            if ((singles = float32_exact(top[i].value)) < 0) {
-                goto done;
-            }
+            singles = float32_exact(top[i].value);
         }
         Py_ssize_t size = 1 + varint_size((uint64_t)count * 4) + count * 4;
         if (singles && (!best || size < best)) {
@@ -939,14 +934,8 @@ put_value(Buf *buf, double value, int float32)
         return -1;
     }
     int size = found ? 3 + varint_size(zigzag(mantissa)) : 9;
-    if (float32 && size > 5) {
-        int exact = float32_exact(value);
-        if (exact < 0) {
-            return -1;
-        }
-        if (exact) {
-            return put_byte(buf, 0x65) < 0 || put_float32(buf, value) < 0 ? -1 : 0;
-        }
+    if (float32 && size > 5 && float32_exact(value)) {
+        return put_byte(buf, 0x65) < 0 || put_float32(buf, value) < 0 ? -1 : 0;
     }
     if (!found || (float32 && size > 9)) {
         return put_byte(buf, 0x19) < 0 || put_double(buf, value) < 0 ? -1 : 0;
