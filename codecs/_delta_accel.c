@@ -29,12 +29,14 @@
 #include <Python.h>
 #include <structmember.h> /* T_OBJECT_EX, READONLY */
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-/* Bumped when an argument list changes: delta_codec ignores a stale build that disagrees. */
-#define API_VERSION 1
+/* Bumped when an argument list changes: delta_codec ignores a stale build that disagrees.
+ * 2: encode_frame and decode_frames take the wire format's float32 flag. */
+#define API_VERSION 2
 
 #define MAX_VARINT_BYTES 10
 #define MAX_SCALE 22
@@ -405,6 +407,38 @@ put_double(Buf *buf, double value)
     }
     buf->len += 8;
     return 0;
+}
+
+static inline int
+put_float32(Buf *buf, double value)
+{
+    if (buf_reserve(buf, 4) < 0) {
+        return -1;
+    }
+    if (PyFloat_Pack4(value, buf->data + buf->len, 1) < 0) {
+        return -1;
+    }
+    buf->len += 4;
+    return 0;
+}
+
+/* delta_wire.to_float32: whether a float32 holds value exactly (NaN never: its payload is kept
+ * only as a double). The cast is the one PyFloat_Pack4 (the struct module's "<f") makes; a value
+ * past the largest float32 is refused before it, as Pack4 refuses one that rounds to infinity
+ * (one that rounds down to FLT_MAX is another value, so not exact either way). */
+static inline int
+float32_exact(double value)
+{
+    if (isnan(value)) {
+        return 0;
+    }
+    if (isinf(value)) {
+        return 1;
+    }
+    if (fabs(value) > FLT_MAX) {
+        return 0;
+    }
+    return (double)(float)value == value;
 }
 
 /* ---- logprobs as decimals ------------------------------------------------------------------- */
@@ -779,9 +813,10 @@ put_literal(Buf *buf, uint8_t key, PyObject *text)
 #define SMALL_TOP 32
 
 /* delta_encoder._top_logprobs for the count alternatives at top: decimals over one common scale,
- * else doubles. */
+ * else doubles; with float32 (wire format 1) the shortest of those and float32s, a tie to the
+ * first. */
 static int
-put_top_values(Buf *buf, const Entry *top, Py_ssize_t count)
+put_top_values(Buf *buf, const Entry *top, Py_ssize_t count, int float32)
 {
     int64_t small[SMALL_TOP];
     int64_t *mantissas = small;
@@ -818,7 +853,30 @@ put_top_values(Buf *buf, const Entry *top, Py_ssize_t count)
             exact = mantissas[i] < MAX_EXACT && mantissas[i] > -MAX_EXACT;
         }
     }
-    if (exact) {
+    enum { DECIMALS, FLOAT32S, DOUBLES } form = exact ? DECIMALS : DOUBLES;
+    if (float32) {
+        Py_ssize_t best = 0; /* the chosen form's size; 0 for none yet */
+        if (exact) {
+            Py_ssize_t payload = 0;
+            for (Py_ssize_t i = 0; i < count; i++) {
+                payload += varint_size(zigzag(mantissas[i]));
+            }
+            best = 1 + varint_size((uint64_t)payload) + payload + 2;
+        }
+        int singles = 1;
+        for (Py_ssize_t i = 0; i < count && singles; i++) {
+            singles = float32_exact(top[i].value);
+        }
+        Py_ssize_t size = 1 + varint_size((uint64_t)count * 4) + count * 4;
+        if (singles && (!best || size < best)) {
+            form = FLOAT32S;
+            best = size;
+        }
+        if (best && 1 + varint_size((uint64_t)count * 8) + count * 8 < best) {
+            form = DOUBLES;
+        }
+    }
+    if (form == DECIMALS) {
         Py_ssize_t mark;
         if (begin_len(buf, 0x52, &mark) < 0) {
             goto done;
@@ -831,6 +889,16 @@ put_top_values(Buf *buf, const Entry *top, Py_ssize_t count)
         if (end_len(buf, mark) < 0 || put_byte(buf, 0x58) < 0 ||
             put_byte(buf, (uint8_t)scale) < 0) {
             goto done;
+        }
+    }
+    else if (form == FLOAT32S) {
+        if (put_byte(buf, 0x6A) < 0 || put_varint(buf, (uint64_t)count * 4) < 0) {
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (put_float32(buf, top[i].value) < 0) {
+                goto done;
+            }
         }
     }
     else {
@@ -854,6 +922,31 @@ done:
     return result;
 }
 
+/* delta_encoder._value: a logprob's value field, a decimal where one is exact, else a double;
+ * with float32 the shortest of decimal, float32 and double, a tie to the first. */
+static int
+put_value(Buf *buf, double value, int float32)
+{
+    int64_t mantissa;
+    int scale;
+    int found = decimal(value, &mantissa, &scale);
+    if (found < 0) {
+        return -1;
+    }
+    int size = found ? 3 + varint_size(zigzag(mantissa)) : 9;
+    if (float32 && size > 5 && float32_exact(value)) {
+        return put_byte(buf, 0x65) < 0 || put_float32(buf, value) < 0 ? -1 : 0;
+    }
+    if (!found || (float32 && size > 9)) {
+        return put_byte(buf, 0x19) < 0 || put_double(buf, value) < 0 ? -1 : 0;
+    }
+    if (put_byte(buf, 0x40) < 0 || put_varint(buf, zigzag(mantissa)) < 0 ||
+        put_byte(buf, 0x48) < 0 || put_byte(buf, (uint8_t)scale) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
 static int
 same_float(double a, double b)
 {
@@ -863,28 +956,14 @@ same_float(double a, double b)
 /* delta_encoder._logprob: one Logprob message's fields, from its entry and the alternatives'
  * entries right after it. */
 static int
-put_logprob(Buf *buf, PyObject *index, PyObject *strings, const Entry *lp)
+put_logprob(Buf *buf, PyObject *index, PyObject *strings, const Entry *lp, int float32)
 {
     PyObject *token = lp->token;
     double value = lp->value;
     const Entry *top = lp + 1;
     Py_ssize_t count = lp->alternatives;
-    if (put_string(buf, index, strings, token, 0x08, 0x12) < 0) {
-        return -1;
-    }
-    int64_t mantissa;
-    int scale;
-    int found = decimal(value, &mantissa, &scale);
-    if (found < 0) {
-        return -1;
-    }
-    if (found) {
-        if (put_byte(buf, 0x40) < 0 || put_varint(buf, zigzag(mantissa)) < 0 ||
-            put_byte(buf, 0x48) < 0 || put_byte(buf, (uint8_t)scale) < 0) {
-            return -1;
-        }
-    }
-    else if (put_byte(buf, 0x19) < 0 || put_double(buf, value) < 0) {
+    if (put_string(buf, index, strings, token, 0x08, 0x12) < 0 ||
+        put_value(buf, value, float32) < 0) {
         return -1;
     }
     Py_ssize_t first = 0;
@@ -927,17 +1006,25 @@ put_logprob(Buf *buf, PyObject *index, PyObject *strings, const Entry *lp)
             }
         }
     }
-    return put_top_values(buf, top + first, count - first);
+    return put_top_values(buf, top + first, count - first, float32);
 }
 
 static int
-put_frame(Buf *buf, const Frame *frame, uint64_t offset, PyObject *index, PyObject *strings)
+put_frame(Buf *buf, const Frame *frame, uint64_t offset, PyObject *index, PyObject *strings,
+          int float32)
 {
     if (offset && (put_byte(buf, 0x08) < 0 || put_varint(buf, offset) < 0)) {
         return -1;
     }
     PyObject *token_ids = frame->token_ids;
-    if (PyTuple_GET_SIZE(token_ids)) {
+    if (float32 && PyTuple_GET_SIZE(token_ids) == 1) {
+        uint64_t token_id = 0;
+        uint32_value(PyTuple_GET_ITEM(token_ids, 0), &token_id); /* checked */
+        if (put_byte(buf, 0x10) < 0 || put_varint(buf, token_id) < 0) {
+            return -1;
+        }
+    }
+    else if (PyTuple_GET_SIZE(token_ids)) {
         Py_ssize_t mark;
         if (begin_len(buf, 0x12, &mark) < 0) {
             return -1;
@@ -957,13 +1044,15 @@ put_frame(Buf *buf, const Frame *frame, uint64_t offset, PyObject *index, PyObje
         return -1;
     }
     if (frame->has_logprobs) {
-        if (put_byte(buf, 0x28) < 0 || put_byte(buf, 0x01) < 0) {
+        if ((!float32 || frame->logprobs == 0) &&
+            (put_byte(buf, 0x28) < 0 || put_byte(buf, 0x01) < 0)) {
             return -1;
         }
         const Entry *lp = frame->entries;
         for (Py_ssize_t i = 0; i < frame->logprobs; i++) {
             Py_ssize_t mark;
-            if (begin_len(buf, 0x32, &mark) < 0 || put_logprob(buf, index, strings, lp) < 0 ||
+            if (begin_len(buf, 0x32, &mark) < 0 ||
+                put_logprob(buf, index, strings, lp, float32) < 0 ||
                 end_len(buf, mark) < 0) {
                 return -1;
             }
@@ -985,7 +1074,8 @@ put_frame(Buf *buf, const Frame *frame, uint64_t offset, PyObject *index, PyObje
 }
 
 PyDoc_STRVAR(encode_frame_doc,
-             "encode_frame(chunk, base, next_seq, offset, index, strings, carries_usage, /)\n--\n\n"
+             "encode_frame(chunk, base, next_seq, offset, index, strings, carries_usage, "
+             "float32, /)\n--\n\n"
              "The bytes of chunk's frame, length prefix included, as DeltaStreamEncoder writes "
              "them (its string table, index and strings, updated); None, with nothing changed, "
              "for a chunk the Python path must take.");
@@ -993,8 +1083,8 @@ PyDoc_STRVAR(encode_frame_doc,
 static PyObject *
 encode_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "encode_frame() takes 7 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "encode_frame() takes 8 arguments");
         return NULL;
     }
     PyObject *chunk = args[0], *base = args[1], *next_seq = args[2], *offset_obj = args[3];
@@ -1009,6 +1099,10 @@ encode_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     int carries_usage = PyObject_IsTrue(args[6]);
     if (carries_usage < 0) {
+        return NULL;
+    }
+    int float32 = PyObject_IsTrue(args[7]);
+    if (float32 < 0) {
         return NULL;
     }
     if (!Py_IS_TYPE(chunk, S.chunk.type) || !PyLong_CheckExact(offset_obj)) {
@@ -1036,7 +1130,7 @@ encode_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Buf buf;
     buf_init(&buf, MAX_VARINT_BYTES);
     PyObject *result = NULL;
-    if (put_frame(&buf, &frame, offset, index, strings) == 0) {
+    if (put_frame(&buf, &frame, offset, index, strings, float32) == 0) {
         Py_ssize_t body = buf.len - MAX_VARINT_BYTES;
         uint64_t length = (uint64_t)body + 1;
         int size = varint_size(length);
@@ -1192,7 +1286,7 @@ decimal_value(int64_t mantissa, uint64_t scale, double *out)
  * token ref or literal, logprob as a decimal or a double, the top[0]-repeats-token flag, then
  * the other alternatives' refs, literals and packed values. */
 static int
-parse_logprob(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, Pending *pending,
+parse_logprob(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, Pending *pending, int float32,
               PyObject **out)
 {
     int step = STEP_OK;
@@ -1242,6 +1336,16 @@ parse_logprob(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, Pending *pend
         int64_t mantissa = unzigzag(number);
         BAIL_IF(mantissa == 0 || !decimal_value(mantissa, scale, &value));
     }
+    else if (float32 && pos < end && data[pos] == 0x65) {
+        pos++;
+        BAIL_IF(end - pos < 4);
+        value = PyFloat_Unpack4((const char *)data + pos, 1);
+        if (value == -1.0 && PyErr_Occurred()) {
+            step = STEP_ERROR;
+            goto done;
+        }
+        pos += 4;
+    }
     else {
         BAIL_IF(1);
     }
@@ -1256,7 +1360,7 @@ parse_logprob(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, Pending *pend
     Py_ssize_t refs_start = 0, refs_end = 0, literals_start = 0, values_start = 0,
                values_end = 0;
     Py_ssize_t count = 0, literals = 0;
-    int doubles = 0;
+    int width = 0; /* of each value: 8 (doubles), 4 (float32s), 0 (decimals) */
     uint64_t top_scale = 0;
     if (pos < end && data[pos] == 0x2A) {
         pos++;
@@ -1292,7 +1396,13 @@ parse_logprob(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, Pending *pend
             pos++;
             BAIL_IF(!read_len(data, &pos, end, &values_start, &values_end));
             BAIL_IF((uint64_t)(values_end - values_start) != (uint64_t)count * 8);
-            doubles = 1;
+            width = 8;
+        }
+        else if (float32 && data[pos] == 0x6A) {
+            pos++;
+            BAIL_IF(!read_len(data, &pos, end, &values_start, &values_end));
+            BAIL_IF((uint64_t)(values_end - values_start) != (uint64_t)count * 4);
+            width = 4;
         }
         else {
             BAIL_IF(1);
@@ -1337,9 +1447,10 @@ parse_logprob(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, Pending *pend
             }
         }
         double alt_value = 0.0;
-        if (doubles) {
-            alt_value = PyFloat_Unpack8((const char *)data + value_at, 1);
-            value_at += 8;
+        if (width) {
+            alt_value = width == 8 ? PyFloat_Unpack8((const char *)data + value_at, 1)
+                                   : PyFloat_Unpack4((const char *)data + value_at, 1);
+            value_at += width;
             if (alt_value == -1.0 && PyErr_Occurred()) {
                 Py_DECREF(alt_token);
                 step = STEP_ERROR;
@@ -1380,6 +1491,7 @@ typedef struct {
     uint64_t base_seq;
     int base_seq_fits; /* base_seq below 2**64: the header's varint, always */
     int usage_known;
+    int float32; /* wire format 1: the float32 logprob fields are known */
 } Stream;
 
 static PyObject *
@@ -1415,7 +1527,7 @@ parse_frame(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, const Stream *s
         BAIL_IF(!read_varint(data, &pos, end, &offset));
     }
     BAIL_IF(offset != expected); /* out of turn: the Python path says how */
-    /* token ids, packed */
+    /* token ids, packed, or one unpacked (then its varint is the whole run) */
     Py_ssize_t ids_start = 0, ids_end = 0, count = 0;
     if (pos < end && data[pos] == 0x12) {
         pos++;
@@ -1423,6 +1535,13 @@ parse_frame(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, const Stream *s
         for (Py_ssize_t at = ids_start; at < ids_end; count++) {
             BAIL_IF(!read_varint(data, &at, ids_end, &number) || number >= UINT32_LIMIT);
         }
+    }
+    else if (pos < end && data[pos] == 0x10) {
+        pos++;
+        ids_start = pos;
+        BAIL_IF(!read_varint(data, &pos, end, &number) || number >= UINT32_LIMIT);
+        ids_end = pos;
+        count = 1;
     }
     /* text */
     if (pos < end && data[pos] == 0x18) {
@@ -1446,17 +1565,21 @@ parse_frame(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, const Stream *s
     else {
         text = Py_NewRef(S.empty);
     }
-    /* logprobs */
+    /* logprobs: flagged (format 0; format 1 flags only an empty list), or as many as follow */
+    int flagged = 0;
     if (pos < end && data[pos] == 0x28) {
         pos++;
         BAIL_IF(pos >= end || data[pos] != 0x01);
         pos++;
-        Py_ssize_t entries = 0;
-        for (Py_ssize_t at = pos; at < end && data[at] == 0x32; entries++) {
-            Py_ssize_t start, stop;
-            at++;
-            BAIL_IF(!read_len(data, &at, end, &start, &stop));
-        }
+        flagged = 1;
+    }
+    Py_ssize_t entries = 0;
+    for (Py_ssize_t at = pos; at < end && data[at] == 0x32; entries++) {
+        Py_ssize_t start, stop;
+        at++;
+        BAIL_IF(!read_len(data, &at, end, &start, &stop));
+    }
+    if (flagged || entries) {
         if ((logprobs = PyTuple_New(entries)) == NULL) {
             step = STEP_ERROR;
             goto done;
@@ -1466,7 +1589,8 @@ parse_frame(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, const Stream *s
             PyObject *entry = NULL;
             pos++;
             read_len(data, &pos, end, &start, &stop); /* checked above */
-            if ((step = parse_logprob(data, start, stop, &pending, &entry)) != STEP_OK) {
+            if ((step = parse_logprob(data, start, stop, &pending, stream->float32, &entry)) !=
+                STEP_OK) {
                 goto done;
             }
             PyTuple_SET_ITEM(logprobs, i, entry);
@@ -1569,8 +1693,8 @@ done:
 }
 
 PyDoc_STRVAR(decode_frames_doc,
-             "decode_frames(data, pos, header, strings, count, usage_known, max_frame_bytes, "
-             "out, /)\n--\n\n"
+             "decode_frames(data, pos, header, strings, count, usage_known, float32, "
+             "max_frame_bytes, out, /)\n--\n\n"
              "Decode the whole frames from data[pos:] into out while each is the next of the "
              "stream (count chunks delivered before out) and has the encoder's shape, adding "
              "their strings to the table strings; return where it stopped. The frame there, if "
@@ -1580,11 +1704,11 @@ PyDoc_STRVAR(decode_frames_doc,
 static PyObject *
 decode_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "decode_frames() takes 8 arguments");
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "decode_frames() takes 9 arguments");
         return NULL;
     }
-    PyObject *data_obj = args[0], *header = args[2], *strings = args[3], *out = args[7];
+    PyObject *data_obj = args[0], *header = args[2], *strings = args[3], *out = args[8];
     if (check_configured() < 0) {
         return NULL;
     }
@@ -1612,8 +1736,12 @@ decode_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (usage_known < 0) {
         return NULL;
     }
+    int float32 = PyObject_IsTrue(args[6]);
+    if (float32 < 0) {
+        return NULL;
+    }
     int overflow;
-    long long max_frame_bytes = PyLong_AsLongLongAndOverflow(args[6], &overflow);
+    long long max_frame_bytes = PyLong_AsLongLongAndOverflow(args[7], &overflow);
     if (max_frame_bytes == -1 && PyErr_Occurred()) {
         return NULL;
     }
@@ -1623,7 +1751,7 @@ decode_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (overflow < 0 || max_frame_bytes < 0) {
         return PyLong_FromSsize_t(pos); /* a limit nothing fits: Python raises */
     }
-    Stream stream = {header, 0, 0, usage_known};
+    Stream stream = {header, 0, 0, usage_known, float32};
     PyObject *base_seq = PyTuple_GET_ITEM(header, 4);
     if (PyLong_CheckExact(base_seq)) {
         stream.base_seq = PyLong_AsUnsignedLongLong(base_seq);

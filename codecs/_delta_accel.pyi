@@ -21,6 +21,7 @@ def encode_frame(
     index: dict[str, int],
     strings: list[str],
     carries_usage: bool,
+    float32: bool,
     /,
 ) -> bytes | None: ...
 def decode_frames(
@@ -30,6 +31,7 @@ def decode_frames(
     strings: list[str],
     count: int,
     usage_known: bool,
+    float32: bool,
     max_frame_bytes: int,
     out: list[TokenChunk],
     /,

@@ -35,7 +35,9 @@ from .delta_encoder import DeltaStreamEncoder, FrameEncoder
 from .delta_wire import (
     DELTA_V1,
     DELTA_V2,
+    DELTA_V3,
     MAGIC,
+    MAGIC_FLOAT32,
     MAX_INTERNED_CHARS,
     MAX_TABLE_ENTRIES,
     SUBJECT,
@@ -49,7 +51,9 @@ from .schema_registry import CachingResolver, Schema, SchemaRegistry, SchemaReso
 __all__ = [
     "DELTA_V1",
     "DELTA_V2",
+    "DELTA_V3",
     "MAGIC",
+    "MAGIC_FLOAT32",
     "MAX_INTERNED_CHARS",
     "MAX_TABLE_ENTRIES",
     "SUBJECT",
@@ -69,7 +73,7 @@ class _Accelerator(FrameEncoder, FrameDecoder, Protocol):
     API_VERSION: int
 
 
-_ACCEL_API_VERSION: Final = 1
+_ACCEL_API_VERSION: Final = 2
 
 
 def _load_accelerator() -> _Accelerator | None:
@@ -110,16 +114,26 @@ def _carries_usage(schema: Schema) -> bool:
     return frame is not None and any(f.number == 8 and f.name == "usage" for f in frame.field)
 
 
+def _carries_float32(schema: Schema) -> bool:
+    """Whether ``schema`` has the float32 logprob fields of version 3 (wire format 1)."""
+    logprob = compat.messages(schema.parsed()).get("inferwire.delta.Logprob")
+    fields = {(f.number, f.name) for f in logprob.field} if logprob is not None else set()
+    return {(12, "logprob_f32"), (13, "top_f32")} <= fields
+
+
 class DeltaCodec(Codec):
     """The delta codec, writing with ``schema`` and resolving writers' ids via ``resolver``.
 
-    ``registry`` (by default one holding both delta versions) gives the id the encoder writes;
+    ``registry`` (by default one holding every delta version) gives the id the encoder writes;
     a decoder reads with ``schema`` (its reader schema) after checking that the writer's
     schema, found by id through ``resolver`` (by default a cache in front of ``registry``), is
     compatible with it.
 
     ``pure_python=True`` keeps its encoders and decoders off the C extension (see the module
     docstring): the reference path, for tests and benchmarks.
+
+    Version 3 (the default) writes wire format 1: logprobs may travel as float32, and readers
+    before it refuse the stream at its first byte. ``schema=DELTA_V2`` writes what they read.
     """
 
     name: ClassVar[str] = "delta"
@@ -131,7 +145,7 @@ class DeltaCodec(Codec):
     def __init__(
         self,
         *,
-        schema: Schema = DELTA_V2,
+        schema: Schema = DELTA_V3,
         registry: SchemaRegistry | None = None,
         resolver: SchemaResolver | None = None,
         subject: str = SUBJECT,
@@ -146,6 +160,7 @@ class DeltaCodec(Codec):
         self.schema_id = self.registry.register(subject, schema)
         self.resolver = CachingResolver(self.registry) if resolver is None else resolver
         self._carries_usage = _carries_usage(schema)
+        self.reads_float32 = _carries_float32(schema)
         self._reader = compat.messages(schema.parsed())
         self._compatible: dict[int, bool] = {}
 
@@ -175,7 +190,10 @@ class DeltaCodec(Codec):
 
     def _encoder(self) -> DeltaStreamEncoder:
         return DeltaStreamEncoder(
-            self.schema_id, carries_usage=self._carries_usage, accelerator=self._accelerator()
+            self.schema_id,
+            carries_usage=self._carries_usage,
+            float32=self.reads_float32,
+            accelerator=self._accelerator(),
         )
 
     def stream_encoder(self) -> StreamEncoder:

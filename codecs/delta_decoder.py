@@ -17,12 +17,13 @@ from typing import Protocol
 from . import pbwire
 from .base import BytesLike
 from .delta_parser import parse_frame, parse_header
-from .delta_wire import MAGIC, SCHEMA_ID, StringTable
+from .delta_wire import MAGIC, MAGIC_FLOAT32, SCHEMA_ID, StringTable
 from .errors import (
     BadMagicError,
     DecodeError,
     DuplicateFrameError,
     FrameTooLargeError,
+    IncompatibleSchemaError,
     IncompleteStreamError,
     ReorderedFrameError,
     SequenceGapError,
@@ -37,6 +38,8 @@ class SchemaReader(Protocol):
     """What a decoder asks of its codec (a :class:`~inferwire.codecs.delta_codec.DeltaCodec`)."""
 
     max_elements: int
+    reads_float32: bool
+    """Whether the reader schema has the float32 logprob fields (wire format 1 needs them)."""
 
     def reader_for(self, schema_id: int, /) -> bool:
         """Check the writer's schema ``schema_id`` against the reader's; whether frames may
@@ -60,6 +63,7 @@ class FrameDecoder(Protocol):
         strings: list[str],
         count: int,
         usage_known: bool,
+        float32: bool,
         max_frame_bytes: int,
         out: list[TokenChunk],
         /,
@@ -88,6 +92,7 @@ class DeltaStreamDecoder:
         self._buffer = bytearray()
         self._header: tuple[str, str, int, int, int] | None = None
         self._usage_known = False
+        self._float32 = False
         self._table = StringTable()
         self._pending_gap: tuple[int, int] | None = None
         # Every decoded element (a token, a string, a logprob) takes a byte or more of its
@@ -130,6 +135,7 @@ class DeltaStreamDecoder:
                         strings,
                         self.count,
                         self._usage_known,
+                        self._float32,
                         self.max_frame_bytes,
                         out,
                     )
@@ -164,6 +170,7 @@ class DeltaStreamDecoder:
                     table,
                     self._usage_known,
                     functools.partial(self._in_sequence, delivered_now=delivered),
+                    self._float32,
                 )
                 pos = frame_end
                 if chunk is not None:
@@ -184,8 +191,16 @@ class DeltaStreamDecoder:
         buffer = self._buffer
         if len(buffer) < 1:
             return 0
-        if buffer[0] != MAGIC:
-            raise BadMagicError(f"delta stream starts with {buffer[0]:#04x}, expected 0x00")
+        magic = buffer[0]
+        if magic not in (MAGIC, MAGIC_FLOAT32):
+            raise BadMagicError(f"delta stream starts with {magic:#04x}, expected 0x00 or 0x01")
+        if magic == MAGIC_FLOAT32 and not self._codec.reads_float32:
+            # its float32 logprobs would be skipped as unknown fields and read as 0.0
+            raise IncompatibleSchemaError(
+                "this stream sends float32 logprobs (magic byte 0x01, schema version 3), "
+                "which this reader schema does not have"
+            )
+        self._float32 = magic == MAGIC_FLOAT32
         if len(buffer) < 5:
             return 0
         (schema_id,) = SCHEMA_ID.unpack_from(buffer, 1)

@@ -12,7 +12,18 @@ import struct
 from typing import Any, Final, Protocol
 
 from . import pbwire
-from .delta_wire import MAGIC, MAX_EXACT, MAX_SCALE, SCHEMA_ID, UINT32, StringTable, to_decimal
+from .delta_wire import (
+    MAGIC,
+    MAGIC_FLOAT32,
+    MAX_EXACT,
+    MAX_SCALE,
+    SCHEMA_ID,
+    UINT32,
+    StringTable,
+    decimal_size,
+    to_decimal,
+    to_float32,
+)
 from .errors import CodecError, EncodeError
 from .model import TokenChunk, TokenLogprob
 
@@ -35,6 +46,7 @@ class FrameEncoder(Protocol):
         index: dict[str, int],
         strings: list[str],
         carries_usage: bool,
+        float32: bool,
         /,
     ) -> bytes | None: ...
 
@@ -60,14 +72,24 @@ def _ref_or_literal(table: StringTable, text: str) -> tuple[int, bytes]:
     return 0, raw
 
 
-def _logprob(table: StringTable, lp: TokenLogprob) -> bytes:
+def _value(value: float, float32: bool) -> bytes:
+    """A logprob's value field: a decimal where one is exact, else a double; with ``float32``
+    (wire format 1) the shortest of decimal, float32 and double, a tie to the first."""
+    decimal = to_decimal(value)
+    size = 9 if decimal is None else decimal_size(*decimal)  # a double: 19 <8 bytes>
+    if float32 and size > 5:  # 65 <4 bytes>
+        packed = to_float32(value)
+        if packed is not None:
+            return b"\x65" + packed
+    if decimal is None or (float32 and size > 9):
+        return b"\x19" + _DOUBLE(value)
+    return b"\x40" + _varint(pbwire.zigzag(decimal[0])) + b"\x48" + _SMALL[decimal[1]]
+
+
+def _logprob(table: StringTable, lp: TokenLogprob, float32: bool) -> bytes:
     ref, raw = _ref_or_literal(table, lp.token)
     out = b"\x08" + _varint(ref) if ref else b"\x12" + _varint(len(raw)) + raw if raw else b""
-    decimal = to_decimal(lp.logprob)
-    if decimal is None:
-        out += b"\x19" + _DOUBLE(lp.logprob)
-    else:
-        out += b"\x40" + _varint(pbwire.zigzag(decimal[0])) + b"\x48" + _SMALL[decimal[1]]
+    out += _value(lp.logprob, float32)
     top = lp.top
     if top and top[0].token == lp.token and _same_float(top[0].logprob, lp.logprob):
         out += b"\x20\x01"
@@ -87,31 +109,54 @@ def _logprob(table: StringTable, lp: TokenLogprob) -> bytes:
             literals.append(b"\x32" + _varint(len(raw)) + raw)
         values.append(alternative.logprob)
     out += b"\x2a" + _varint(len(refs)) + refs + b"".join(literals)
-    return out + _top_logprobs(values)
+    return out + _top_logprobs(values, float32)
 
 
-def _top_logprobs(values: list[float]) -> bytes:
-    """The alternatives' logprobs as decimals over one common scale, else as doubles."""
+def _common_scale(values: list[float]) -> tuple[bytes, int] | None:
+    """The alternatives' logprobs as zigzag varints over one common scale, and that scale; None
+    when one of them is no decimal or its mantissa outgrows 2**53 at that scale."""
     mantissas = []
     scales = []
     for value in values:
         decimal = to_decimal(value)
         if decimal is None:
-            break
+            return None
         mantissas.append(decimal[0])
         scales.append(decimal[1])
-    else:
-        scale = max(scales)
-        packed = bytearray()
-        for mantissa, own_scale in zip(mantissas, scales, strict=True):
-            mantissa *= _POW10_INT[scale - own_scale]
-            if abs(mantissa) >= MAX_EXACT:
+    scale = max(scales)
+    packed = bytearray()
+    for mantissa, own_scale in zip(mantissas, scales, strict=True):
+        mantissa *= _POW10_INT[scale - own_scale]
+        if abs(mantissa) >= MAX_EXACT:
+            return None
+        packed += _varint(pbwire.zigzag(mantissa))
+    return bytes(packed), scale
+
+
+def _top_logprobs(values: list[float], float32: bool) -> bytes:
+    """The alternatives' logprobs as one group: decimals over one common scale, else doubles;
+    with ``float32`` the shortest of those and float32s, a tie to the first."""
+    decimals = _common_scale(values)
+    best = None
+    if decimals is not None:
+        packed, scale = decimals
+        best = b"\x52" + _varint(len(packed)) + packed + b"\x58" + _SMALL[scale]
+    if float32:
+        singles = []
+        for value in values:
+            single = to_float32(value)
+            if single is None:
                 break
-            packed += _varint(pbwire.zigzag(mantissa))
+            singles.append(single)
         else:
-            return b"\x52" + _varint(len(packed)) + packed + b"\x58" + _SMALL[scale]
-    doubles = struct.pack(f"<{len(values)}d", *values)
-    return b"\x3a" + _varint(len(doubles)) + doubles
+            size = 4 * len(values)
+            if best is None or 1 + len(_varint(size)) + size < len(best):
+                best = b"\x6a" + _varint(size) + b"".join(singles)
+    doubles_size = 8 * len(values)
+    if best is None or (float32 and 1 + len(_varint(doubles_size)) + doubles_size < len(best)):
+        doubles = struct.pack(f"<{len(values)}d", *values)
+        best = b"\x3a" + _varint(doubles_size) + doubles
+    return best
 
 
 class DeltaStreamEncoder:
@@ -123,6 +168,7 @@ class DeltaStreamEncoder:
         "_base",
         "_base_seq",
         "_broken",
+        "_float32",
         "_next_seq",
         "_schema_id",
         "_table",
@@ -131,11 +177,18 @@ class DeltaStreamEncoder:
     )
 
     def __init__(
-        self, schema_id: int, *, carries_usage: bool, accelerator: FrameEncoder | None = None
+        self,
+        schema_id: int,
+        *,
+        carries_usage: bool,
+        float32: bool = False,
+        accelerator: FrameEncoder | None = None,
     ) -> None:
         self._accel = accelerator
         self._schema_id = schema_id
         self._usage = carries_usage
+        # wire format 1 (schema version 3): float32 logprobs and the shorter frame shapes
+        self._float32 = float32
         self._base: tuple[str, str, int, int] | None = None
         self._base_seq = 0
         self._next_seq = 0
@@ -156,7 +209,8 @@ class DeltaStreamEncoder:
                     b"\x28" + _varint(chunk.seq),
                 ]
             )
-        return bytes((MAGIC,)) + SCHEMA_ID.pack(self._schema_id) + _varint(len(body)) + body
+        magic = MAGIC_FLOAT32 if self._float32 else MAGIC
+        return bytes((magic,)) + SCHEMA_ID.pack(self._schema_id) + _varint(len(body)) + body
 
     def encode(self, chunk: Any, /) -> bytes:
         base = self._base
@@ -174,6 +228,7 @@ class DeltaStreamEncoder:
                     table.index,
                     table.strings,
                     self._usage,
+                    self._float32,
                 )
             except Exception:
                 self._broken = True  # out of memory midway: the table may be ahead
@@ -232,7 +287,7 @@ class DeltaStreamEncoder:
         if accel is not None and head:  # any later chunk was offered to it by encode()
             table = self._table
             compiled = accel.encode_frame(
-                chunk, base, seq, offset, table.index, table.strings, self._usage
+                chunk, base, seq, offset, table.index, table.strings, self._usage, self._float32
             )
             if compiled is not None:
                 self._next_seq = seq + 1
@@ -243,8 +298,11 @@ class DeltaStreamEncoder:
         if token_ids:
             if min(token_ids) < 0 or max(token_ids) >= UINT32:
                 raise EncodeError("token ids are uint32")
-            ids = b"".join([_varint(i) for i in token_ids])
-            frame += b"\x12" + _varint(len(ids)) + ids
+            if len(token_ids) == 1 and self._float32:
+                frame += b"\x10" + _varint(token_ids[0])  # one id: unpacked is a byte shorter
+            else:
+                ids = b"".join([_varint(i) for i in token_ids])
+                frame += b"\x12" + _varint(len(ids)) + ids
         # the text's table ref, inline: this is the one string every frame has
         text = chunk.text
         table = self._table
@@ -255,11 +313,16 @@ class DeltaStreamEncoder:
             raw = text.encode()
             table.ref(text)
             frame += b"\x22" + _varint(len(raw)) + raw
-        if chunk.logprobs is not None:
-            frame += b"\x28\x01" + b"".join(
+        logprobs = chunk.logprobs
+        if logprobs is not None:
+            float32 = self._float32
+            # a Logprob entry says there are logprobs: format 1 flags only an empty list
+            if not (float32 and logprobs):
+                frame += b"\x28\x01"
+            frame += b"".join(
                 [
                     b"\x32" + _varint(len(body)) + body
-                    for body in [_logprob(table, lp) for lp in chunk.logprobs]
+                    for body in [_logprob(table, lp, float32) for lp in logprobs]
                 ]
             )
         if chunk.finish_reason is not None:

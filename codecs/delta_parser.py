@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import pbwire
-from .delta_wire import UINT32, StringTable, from_decimal
+from .delta_wire import FLOAT32, UINT32, StringTable, from_decimal
 from .errors import DecodeError
 from .model import (
     TokenChunk,
@@ -72,10 +72,17 @@ def parse_header(data: bytes) -> tuple[str, str, int, int, int]:
     return id_, model, created, index, base_seq
 
 
-def _parse_logprob(data: bytes, pos: int, end: int, table: StringTable) -> TokenLogprob:
+def _parse_logprob(
+    data: bytes, pos: int, end: int, table: StringTable, float32: bool
+) -> TokenLogprob:
+    """One Logprob message; ``float32``: the stream is wire format 1, whose float32 fields
+    (12 and 13) are read, else skipped as unknown, as a format-0 reader skips them."""
     token_ref = 0
     token: str | None = None
     logprob = 0.0
+    logprob_f32: float | None = None
+    double_sent = False
+    singles: list[float] = []
     top_is_token = False
     refs: list[int] = []
     literals: list[str] = []
@@ -117,7 +124,23 @@ def _parse_logprob(data: bytes, pos: int, end: int, table: StringTable) -> Token
             if pos + 8 > end:
                 raise DecodeError("truncated logprob")
             (logprob,) = pbwire.DOUBLE.unpack_from(data, pos)
+            double_sent = True
             pos += 8
+        elif tag == 0x65 and float32:
+            if pos + 4 > end:
+                raise DecodeError("truncated float32 logprob")
+            (logprob_f32,) = FLOAT32.unpack_from(data, pos)
+            pos += 4
+        elif tag == 0x6A and float32:
+            start, pos = _read_len(data, pos, end)
+            if (pos - start) % 4:
+                raise DecodeError("packed float32 top logprobs of a length not a multiple of 4")
+            singles += [v for (v,) in FLOAT32.iter_unpack(data[start:pos])]
+        elif tag == 0x6D and float32:
+            if pos + 4 > end:
+                raise DecodeError("truncated float32 top logprob")
+            singles.append(FLOAT32.unpack_from(data, pos)[0])
+            pos += 4
         elif tag == 0x3A:
             start, pos = _read_len(data, pos, end)
             logprobs += pbwire.read_packed_doubles(data, start, pos)
@@ -139,10 +162,18 @@ def _parse_logprob(data: bytes, pos: int, end: int, table: StringTable) -> Token
     token = table.resolve(token_ref, token)
     if mantissa:
         logprob = from_decimal(mantissa, scale)
+    if logprob_f32 is not None:
+        if mantissa or double_sent:
+            raise DecodeError("logprob sent both as a float32 and in another form")
+        logprob = logprob_f32
     if mantissas:
         if logprobs:
             raise DecodeError("top logprobs sent both as doubles and as decimals")
         logprobs = [from_decimal(m, top_scale) for m in mantissas]
+    if singles:
+        if logprobs:
+            raise DecodeError("top logprobs sent both as float32 and in another form")
+        logprobs = singles
     if len(refs) != len(logprobs):
         raise DecodeError(f"{len(refs)} top tokens but {len(logprobs)} top logprobs")
     top = [new_top_logprob(token, logprob)] if top_is_token else []
@@ -170,11 +201,13 @@ def parse_frame(
     table: StringTable,
     usage_known: bool,
     in_sequence: Callable[[int], bool],
+    float32: bool = False,
 ) -> TokenChunk | None:
     """The chunk of the frame in ``data[pos:end]``. Fields may come in any order; strings
     resolve in the table's order (text first, then each logprob), as the encoder assigned them.
     One-byte varints are read inline: they are most keys and values here. ``None`` when
-    ``in_sequence`` holds the frame back (it may be the first of a swapped pair)."""
+    ``in_sequence`` holds the frame back (it may be the first of a swapped pair). ``float32``:
+    the stream is wire format 1 (see :func:`_parse_logprob`)."""
     offset = 0
     token_ids: list[int] = []
     text_ref = 0
@@ -235,7 +268,7 @@ def parse_frame(
     text = table.resolve(text_ref, text)
     logprobs = None
     if has_logprobs or logprob_spans:
-        logprobs = tuple([_parse_logprob(data, a, b, table) for a, b in logprob_spans])
+        logprobs = tuple([_parse_logprob(data, a, b, table, float32) for a, b in logprob_spans])
     return new_token_chunk(
         id_,
         model,

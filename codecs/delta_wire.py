@@ -5,7 +5,10 @@ message; this codec sends them once. Byte by byte:
 
 Header (first bytes of a stream)::
 
-    0x00                 magic byte (the Confluent wire convention)
+    0x00 or 0x01         magic byte: the wire format (Confluent's convention puts the format
+                         version here; 0 is theirs). Format 1 may send logprobs as float32
+                         (schema version 3), which a format-0 reader would skip and read as
+                         0.0: such a reader stops here instead (BadMagicError).
     4 bytes              schema id, big-endian: the registry resolves it to the writer's
                          schema (``schemas/delta_v*.proto``)
     varint N, N bytes    a ``Header`` message: id, model, created, index, base_seq
@@ -16,13 +19,13 @@ Each chunk::
     L bytes              a ``Frame`` message, protobuf wire format:
       08 <varint>          seq - base_seq: absolute, so a duplicated frame cannot pass as the
                            next one (a delta from the previous frame could)
-      12 <len> <varints>   token ids, packed
+      12 <len> <varints>   token ids, packed (format 1: ``10 <varint>`` for a single id)
       18 <varint>          text ref: k > 0 is entry k - 1 of the stream's string table
       22 <len> <utf-8>     text, when sent literally (it then joins the table)
-      28 01                has_logprobs (absent: no logprobs; present with none: empty)
-      32 <len> <Logprob>   per token: token ref or literal, logprob (double, exact), whether
-                           top[0] repeats the token, then the other top refs/literals and
-                           their logprobs (packed doubles)
+      28 01                has_logprobs (absent: no logprobs, unless a Logprob follows; format 1
+                           sends it only for an empty list)
+      32 <len> <Logprob>   per token: token ref or literal, logprob, whether top[0] repeats the
+                           token, then the other top refs/literals and their logprobs
       3a <len> <utf-8>     finish reason, on the last frame
       42 <len> <Usage>     usage (schema version 2), on the last frame
 
@@ -37,8 +40,12 @@ or two bytes.
 
 Unary ``encode``/``decode`` carry one chunk as a header and one frame.
 
-Logprobs travel as decimals where one is exact (``mantissa / 10**scale``, mantissa zigzag), else
-as doubles: :func:`to_decimal` and :func:`from_decimal` are the two directions of that rule.
+Logprob values, all lossless. Format 0 sends a decimal where one is exact (``mantissa /
+10**scale``, mantissa zigzag), else a double: :func:`to_decimal` and :func:`from_decimal` are
+the two directions of that rule; the alternatives share one scale or are all doubles. Format 1
+adds float32 (:func:`to_float32`), the precision engines compute logprobs in, and sends each
+logprob (and the alternatives, as one group) in the shortest of decimal, float32 and double
+that holds it exactly, a tie going to the first: short decimals keep their encoding.
 """
 
 from __future__ import annotations
@@ -48,12 +55,17 @@ from importlib import resources
 from typing import Final
 
 from .errors import DecodeError
+from .pbwire import varint as _varint
+from .pbwire import zigzag as _zigzag
 from .schema_registry import Schema, SchemaRegistry
 
 __all__ = [
     "DELTA_V1",
     "DELTA_V2",
+    "DELTA_V3",
+    "FLOAT32",
     "MAGIC",
+    "MAGIC_FLOAT32",
     "MAX_EXACT",
     "MAX_INTERNED_CHARS",
     "MAX_SCALE",
@@ -62,12 +74,16 @@ __all__ = [
     "SUBJECT",
     "UINT32",
     "StringTable",
+    "decimal_size",
     "default_registry",
     "from_decimal",
     "to_decimal",
+    "to_float32",
 ]
 
 MAGIC: Final = 0
+MAGIC_FLOAT32: Final = 1
+"""The magic byte of a stream whose frames may carry float32 logprobs (wire format 1)."""
 SUBJECT: Final = "inferwire.delta"
 MAX_TABLE_ENTRIES: Final = 4096
 MAX_INTERNED_CHARS: Final = 32
@@ -83,13 +99,14 @@ def _schema_file(name: str) -> Schema:
 
 DELTA_V1: Final = _schema_file("delta_v1.binpb")
 DELTA_V2: Final = _schema_file("delta_v2.binpb")
+DELTA_V3: Final = _schema_file("delta_v3.binpb")
 
 
 def default_registry() -> SchemaRegistry:
-    """A registry holding both delta schema versions under ``inferwire.delta`` (ids 1, 2)."""
+    """A registry holding every delta schema version under ``inferwire.delta`` (ids 1-3)."""
     registry = SchemaRegistry()
-    registry.register(SUBJECT, DELTA_V1)
-    registry.register(SUBJECT, DELTA_V2)
+    for schema in (DELTA_V1, DELTA_V2, DELTA_V3):
+        registry.register(SUBJECT, schema)
     return registry
 
 
@@ -159,3 +176,26 @@ def from_decimal(mantissa: int, scale: int) -> float:
     if scale > MAX_SCALE or abs(mantissa) >= MAX_EXACT:
         raise DecodeError(f"decimal {mantissa}e-{scale} is outside the exact range")
     return mantissa / _POW10[scale]
+
+
+def decimal_size(mantissa: int, scale: int) -> int:
+    """The bytes of a logprob sent as a decimal: ``40 <zigzag varint> 48 <scale>``."""
+    return 3 + len(_varint(_zigzag(mantissa)))
+
+
+FLOAT32: Final = struct.Struct("<f")
+
+
+def to_float32(value: float) -> bytes | None:
+    """The 4 bytes of ``value`` as a float32 when one holds it exactly, else None.
+
+    Exactly: the float32 widens back to the same double (so -0.0, infinities and float32
+    subnormals qualify). NaN never does: its payload is kept only as a double.
+    """
+    if value != value:
+        return None
+    try:
+        packed = FLOAT32.pack(value)  # round to nearest, as C's (float) cast
+    except OverflowError:
+        return None  # past the largest float32
+    return packed if FLOAT32.unpack(packed)[0] == value else None

@@ -34,7 +34,7 @@ _DEFAULT_POOL = "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile("
 _OWN_POOL = "DESCRIPTOR = _descriptor_pool.DescriptorPool().AddSerializedFile("
 # The delta codec's schema versions ship as descriptor sets: the registry stores exactly these
 # bytes, and the codec builds its message classes from them at run time.
-DELTA_VERSIONS = ("delta_v1", "delta_v2")
+DELTA_VERSIONS = ("delta_v1", "delta_v2", "delta_v3")
 FB_PACKAGE = "fb"
 
 

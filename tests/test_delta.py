@@ -3,7 +3,8 @@
 Frame-level faults (a gap, a duplicate, a swap, a bad end marker, a bad string ref) are built
 by cutting an encoded stream along the layout codecs/delta_wire.py documents:
 
-    header  0x00, 4-byte big-endian schema id, varint N, N bytes of a ``Header`` message
+    header  magic (0x01 for schema version 3, the default; 0x00 before it), 4-byte big-endian
+            schema id, varint N, N bytes of a ``Header`` message
     frame   varint L + 1, L bytes of a ``Frame`` message (a length of 0 is the end marker)
     end     0x00, varint count of the chunks sent
 
@@ -30,10 +31,10 @@ from hypothesis import strategies as st
 import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import delta_codec
-from inferwire.codecs.delta_codec import DELTA_V1, DELTA_V2, DeltaCodec
+from inferwire.codecs.delta_codec import DELTA_V1, DELTA_V2, DELTA_V3, DeltaCodec
 
 MiB = 1024 * 1024
-CODEC = DeltaCodec()  # schema version 2, the default registry (v1 is id 1, v2 id 2)
+CODEC = DeltaCodec()  # schema version 3, the default registry (v1 is id 1, v2 id 2, v3 id 3)
 
 
 @pytest.fixture(autouse=True, scope="module", params=["accelerated", "pure-python"])
@@ -84,8 +85,9 @@ def end_marker(count: int) -> bytes:
     return b"\x00" + varint(count)
 
 
-def header(schema_id: int = CODEC.schema_id, body: bytes = b"") -> bytes:
-    return b"\x00" + struct.pack(">I", schema_id) + varint(len(body)) + body
+def header(schema_id: int = CODEC.schema_id, body: bytes = b"", magic: int = 0x01) -> bytes:
+    """A header as CODEC writes it (magic 0x01: wire format 1, schema version 3)."""
+    return bytes((magic,)) + struct.pack(">I", schema_id) + varint(len(body)) + body
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +113,7 @@ class Parts:
 
 def split_stream(stream: bytes, *, ended: bool = True) -> Parts:
     """Cut ``stream`` into header, frames and end, checking the layout on the way."""
-    assert stream[0] == 0x00, "magic byte"
+    assert stream[0] in (0x00, 0x01), "magic byte"
     size, pos = read_varint(stream, 5)
     pos += size
     head = stream[:pos]
@@ -259,8 +261,8 @@ SMALL = response(
 def test_the_stream_has_the_documented_layout() -> None:
     encoder = CODEC.stream_encoder()
     first = encoder.encode(SMALL[0])
-    assert first[0] == 0x00
-    assert struct.unpack(">I", first[1:5]) == (CODEC.schema_id,) == (2,)
+    assert first[0] == 0x01
+    assert struct.unpack(">I", first[1:5]) == (CODEC.schema_id,) == (3,)
     later = [encoder.encode(c) for c in SMALL[1:]]
     for one in later:  # after the header, one frame per chunk
         length, body = read_varint(one, 0)
@@ -768,13 +770,13 @@ def test_two_dropped_frames_are_a_gap() -> None:
 @pytest.mark.parametrize("whole", [False, True], ids=["first-byte", "whole-stream"])
 def test_a_wrong_magic_byte(whole: bool) -> None:
     stream = encode_stream(CODEC, SMALL)
-    for magic in range(1, 256):
+    for magic in range(2, 256):  # 0: format 0; 1: format 1 (float32 logprobs)
         data = bytes([magic]) + (stream[1:] if whole else b"")
         with pytest.raises(ic.BadMagicError):
             CODEC.stream_decoder(ic.TokenChunk).feed(data)
 
 
-@pytest.mark.parametrize("schema_id", [0, 3, 0x100, 2**31, 2**32 - 1])
+@pytest.mark.parametrize("schema_id", [0, 4, 0x100, 2**31, 2**32 - 1])
 def test_an_unknown_schema_id(schema_id: int) -> None:
     parts = split_stream(encode_stream(CODEC, SMALL))
     stream = header(schema_id, parts.header_body) + b"".join(parts.frames) + parts.end
@@ -881,7 +883,7 @@ def message_classes(schema: ic.Schema, *, packed: bool = True) -> dict[str, Any]
     }
 
 
-PB = message_classes(DELTA_V2)
+PB = message_classes(DELTA_V3)
 
 
 def test_the_header_and_frames_parse_with_protobuf() -> None:
@@ -908,7 +910,7 @@ def test_the_header_and_frames_parse_with_protobuf() -> None:
         0,
     )
     assert (second.seq, list(second.token_ids), second.text) == (1, [6], "東京")
-    assert second.has_logprobs
+    assert not second.has_logprobs  # format 1 flags only an empty list: a Logprob follows
     (logprob,) = second.logprobs
     assert logprob.token_ref == 2  # "東京", the table's second entry, just sent as the text
     # a short decimal travels as mantissa / 10^scale
@@ -1002,14 +1004,16 @@ def without_usage(chunks: Iterable[ic.TokenChunk]) -> list[ic.TokenChunk]:
     return [dataclasses.replace(c, usage=None) for c in chunks]
 
 
-def test_the_default_registry_holds_both_versions() -> None:
+def test_the_default_registry_holds_every_version() -> None:
     registry = delta_codec.default_registry()
-    assert registry.versions(delta_codec.SUBJECT) == [1, 2]
+    assert registry.versions(delta_codec.SUBJECT) == [1, 2, 3]
     assert registry.version(delta_codec.SUBJECT, 1).schema == DELTA_V1
-    assert registry.version(delta_codec.SUBJECT).schema == DELTA_V2
+    assert registry.version(delta_codec.SUBJECT, 2).schema == DELTA_V2
+    assert registry.version(delta_codec.SUBJECT).schema == DELTA_V3
     v1, v2 = codecs_sharing(registry)
-    assert (v1.schema_id, v2.schema_id) == (1, 2)
-    assert registry.versions(delta_codec.SUBJECT) == [1, 2]  # the codecs added nothing
+    v3 = DeltaCodec(registry=registry)
+    assert (v1.schema_id, v2.schema_id, v3.schema_id) == (1, 2, 3)
+    assert registry.versions(delta_codec.SUBJECT) == [1, 2, 3]  # the codecs added nothing
 
 
 @pytest.mark.parametrize("workload", ["stream-16", "stream-16-top5", "stream-256-multi"])
@@ -1102,7 +1106,7 @@ def test_a_writer_schema_the_reader_cannot_read_is_refused() -> None:
     registry = delta_codec.default_registry()
     registry.set_compatibility(delta_codec.SUBJECT, ic.Compatibility.NONE)
     writer = DeltaCodec(schema=retyped, registry=registry)
-    assert writer.schema_id == 3
+    assert writer.schema_id == 4
     reader = DeltaCodec(registry=registry)
     with pytest.raises(ic.IncompatibleSchemaError, match="FIELD_TYPE_CHANGED") as info:
         reader.stream_decoder(ic.TokenChunk).feed(encode_stream(writer, SMALL))
@@ -1203,7 +1207,7 @@ class Clock:
 
 def test_an_unknown_id_is_looked_up_once_over_many_streams_and_frames() -> None:
     registry = delta_codec.default_registry()
-    source = Counting({1: DELTA_V1, 2: DELTA_V2})
+    source = Counting({1: DELTA_V1, 2: DELTA_V2, 3: DELTA_V3})
     resolver = ic.CachingResolver(source)
     codec = DeltaCodec(registry=registry, resolver=resolver)
     parts = split_stream(encode_stream(codec, SMALL))
@@ -1221,7 +1225,7 @@ def test_an_unknown_id_is_looked_up_once_over_many_streams_and_frames() -> None:
     for _ in range(5):
         assert decode_pieces(codec, [parts.join()]) == SMALL
         assert codec.decode(CODEC.encode(SMALL[0]), ic.TokenChunk) == SMALL[0]
-    assert source.asked == [77, 2]
+    assert source.asked == [77, 3]
 
 
 def test_found_schemas_are_cached() -> None:

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import delta_codec, delta_wire
-from inferwire.codecs.delta_codec import DELTA_V1, DeltaCodec
+from inferwire.codecs.delta_codec import DELTA_V1, DELTA_V2, DeltaCodec
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._delta_accel")
 MiB = 1024 * 1024
@@ -60,7 +60,8 @@ def codecs(**options: Any) -> tuple[DeltaCodec, DeltaCodec]:
     )
 
 
-FAST, PURE = codecs()
+FAST, PURE = codecs()  # schema version 3: wire format 1, float32 logprobs
+FAST_V2, PURE_V2 = codecs(schema=DELTA_V2)  # wire format 0, as readers before version 3 read
 FAST_V1, PURE_V1 = codecs(schema=DELTA_V1)
 
 
@@ -141,7 +142,7 @@ def test_configure_refuses_classes_it_cannot_fill(classes: tuple[Any, ...]) -> N
         ACCEL.configure(*classes, 4096, 32)
     # and the module is left unusable until configured again, not half-bound
     with pytest.raises(RuntimeError):
-        ACCEL.encode_frame(None, ("r", "m", 0, 0), 0, 0, {}, [], True)
+        ACCEL.encode_frame(None, ("r", "m", 0, 0), 0, 0, {}, [], True, True)
     ACCEL.configure(
         ic.TokenChunk,
         ic.TokenLogprob,
@@ -325,6 +326,7 @@ def encode_outcomes(codec: DeltaCodec, chunks: Sequence[Any]) -> list[Any]:
 @given(chunks=responses())
 def test_any_response_encodes_to_the_same_bytes(chunks: list[ic.TokenChunk]) -> None:
     assert encode_outcomes(FAST, chunks) == encode_outcomes(PURE, chunks)
+    assert encode_outcomes(FAST_V2, chunks) == encode_outcomes(PURE_V2, chunks)
     without_usage = [dataclasses.replace(c, usage=None) for c in chunks]
     assert encode_outcomes(FAST_V1, chunks) == encode_outcomes(PURE_V1, chunks)
     assert encode_outcomes(FAST_V1, without_usage) == encode_outcomes(PURE_V1, without_usage)
@@ -334,12 +336,14 @@ def test_any_response_encodes_to_the_same_bytes(chunks: list[ic.TokenChunk]) -> 
 @given(chunks=odd_responses())
 def test_odd_values_encode_or_fail_the_same(chunks: list[Any]) -> None:
     assert encode_outcomes(FAST, chunks) == encode_outcomes(PURE, chunks)
+    assert encode_outcomes(FAST_V2, chunks) == encode_outcomes(PURE_V2, chunks)
 
 
 @pytest.mark.parametrize("workload", STREAM_WORKLOADS)
 def test_every_stream_workload_encodes_to_the_same_bytes(workload: str) -> None:
     chunks = workloads.get(workload).messages()
     assert encode_outcomes(FAST, chunks) == encode_outcomes(PURE, chunks)
+    assert encode_outcomes(FAST_V2, chunks) == encode_outcomes(PURE_V2, chunks)
     assert [FAST.encode(c) for c in chunks[:8]] == [PURE.encode(c) for c in chunks[:8]]
 
 
@@ -356,10 +360,11 @@ def test_the_string_table_fills_up_the_same_way() -> None:
         )
         for i, word in enumerate([*words, *words[::-1]])
     ]
-    fast = encode_outcomes(FAST, chunks)
-    assert fast == encode_outcomes(PURE, chunks)
-    stream = b"".join(fast)
-    assert decode_outcome(FAST, [stream]) == decode_outcome(PURE, [stream])
+    for fast_codec, pure_codec in ((FAST, PURE), (FAST_V2, PURE_V2)):
+        fast = encode_outcomes(fast_codec, chunks)
+        assert fast == encode_outcomes(pure_codec, chunks)
+        stream = b"".join(fast)
+        assert decode_outcome(FAST, [stream]) == decode_outcome(PURE, [stream])
 
 
 def _tops(words: list[str], i: int) -> tuple[ic.TopLogprob, ...]:
@@ -398,14 +403,15 @@ def decode_outcome(
     codec: DeltaCodec, pieces: Sequence[bytes], max_frame_bytes: int = MiB
 ) -> tuple[list[Any], Any]:
     """The chunks delivered, piece by piece, then close()'s outcome or the error that stopped
-    the stream (its type, message and sequence numbers)."""
+    the stream (its type, message and sequence numbers). A reader without the float32 fields
+    refuses a format-1 stream with an IncompatibleSchemaError, not a DecodeError."""
     decoder = codec.stream_decoder(ic.TokenChunk, max_frame_bytes=max_frame_bytes)
     delivered: list[Any] = []
     try:
         for piece in pieces:
             delivered += [comparable(c) for c in decoder.feed(piece)]
         decoder.close()
-    except ic.DecodeError as exc:
+    except (ic.DecodeError, ic.IncompatibleSchemaError) as exc:
         seq = (getattr(exc, "expected", None), getattr(exc, "received", None))
         return delivered, (type(exc), str(exc), seq)
     except Exception as exc:  # the property under test: nothing else escapes
@@ -416,10 +422,12 @@ def decode_outcome(
 def same_decoding(pieces: Sequence[bytes], max_frame_bytes: int = MiB) -> tuple[list[Any], Any]:
     fast = decode_outcome(FAST, pieces, max_frame_bytes)
     assert fast == decode_outcome(PURE, pieces, max_frame_bytes)
-    # and a reader of the other version, which skips the usage it does not know
-    assert decode_outcome(FAST_V1, pieces, max_frame_bytes) == decode_outcome(
-        PURE_V1, pieces, max_frame_bytes
-    )
+    # and readers of the other versions: version 2 refuses format 1 (float32 logprobs) and
+    # reads format 0 whole; version 1 also skips the usage it does not know
+    for fast_codec, pure_codec in ((FAST_V2, PURE_V2), (FAST_V1, PURE_V1)):
+        assert decode_outcome(fast_codec, pieces, max_frame_bytes) == decode_outcome(
+            pure_codec, pieces, max_frame_bytes
+        )
     return fast
 
 
@@ -446,22 +454,24 @@ def test_any_stream_decodes_the_same_in_any_split(
 @pytest.mark.parametrize("workload", STREAM_WORKLOADS)
 def test_every_stream_workload_decodes_the_same(workload: str) -> None:
     chunks = workloads.get(workload).messages()
-    frames = encode_outcomes(PURE, chunks)
-    delivered, error = same_decoding(frames)
-    assert error is None
-    assert delivered == [comparable(c) for c in chunks if isinstance(c, ic.TokenChunk)]
-    same_decoding([b"".join(frames)])
+    for writer in (PURE, PURE_V2):  # wire formats 1 and 0
+        frames = encode_outcomes(writer, chunks)
+        delivered, error = same_decoding(frames)
+        assert error is None
+        assert delivered == [comparable(c) for c in chunks if isinstance(c, ic.TokenChunk)]
+        same_decoding([b"".join(frames)])
 
 
 @st.composite
 def damaged_streams(draw: st.DrawFn) -> bytes:
     """A workload's stream, or a drawn one, with bytes flipped, cut, inserted, or frames
     dropped, repeated and swapped."""
+    writer = draw(st.sampled_from([PURE, PURE_V2]))
     if draw(st.booleans()):
         workload = draw(st.sampled_from(["stream-16", "stream-16-top5", "stream-256-multi"]))
-        frames = encode_outcomes(PURE, workloads.get(workload).messages())
+        frames = encode_outcomes(writer, workloads.get(workload).messages())
     else:
-        frames = [f for f in encode_outcomes(PURE, draw(responses())) if isinstance(f, bytes)]
+        frames = [f for f in encode_outcomes(writer, draw(responses())) if isinstance(f, bytes)]
     head, *rest = frames
     if len(rest) > 2 and draw(st.booleans()):
         i = draw(st.integers(0, len(rest) - 2))
@@ -505,10 +515,19 @@ def test_every_single_byte_corruption_fails_the_same_way() -> None:
             ic.TopLogprob(token="", logprob=math.nan),
         ),
     )
+    # float32 values (format 1: the logprob in 4 bytes, the alternatives packed as float32)
+    f32 = ic.TokenLogprob(
+        token="東",
+        logprob=-2.299999952316284,
+        top=(
+            ic.TopLogprob(token=" caf", logprob=-0.10000000149011612),
+            ic.TopLogprob(token="京", logprob=-7.123456954956055),
+        ),
+    )
     chunks = [
         dataclasses.replace(base, token_ids=(42, 70_000), text=" café", logprobs=(lp,)),
         dataclasses.replace(base, seq=4, token_ids=(7,), text=" caf", logprobs=()),
-        dataclasses.replace(base, seq=5, token_ids=(2**32 - 1,), text="東", logprobs=(lp, lp)),
+        dataclasses.replace(base, seq=5, token_ids=(2**32 - 1,), text="東", logprobs=(lp, f32)),
         dataclasses.replace(
             base,
             seq=6,
@@ -544,7 +563,7 @@ def fields(draw: st.DrawFn, depth: int = 0) -> bytes:
     """Protobuf fields with the Frame's and Logprob's numbers, in any order and number."""
     out = bytearray()
     for _ in range(draw(st.integers(0, 6))):
-        number = draw(st.integers(1, 12))
+        number = draw(st.integers(1, 13))
         wire = draw(st.sampled_from([0, 1, 2, 5]))
         out += _key(number, wire)
         if wire == 0:
@@ -561,13 +580,15 @@ def fields(draw: st.DrawFn, depth: int = 0) -> bytes:
 
 
 @settings(max_examples=300)
-@given(bodies=st.lists(fields(), max_size=4), ended=st.booleans())
-def test_frames_of_random_fields_decode_the_same(bodies: list[bytes], ended: bool) -> None:
+@given(bodies=st.lists(fields(), max_size=4), ended=st.booleans(), magic=st.sampled_from([0, 1]))
+def test_frames_of_random_fields_decode_the_same(
+    bodies: list[bytes], ended: bool, magic: int
+) -> None:
     frames = [
         _varint(len(body) + 1) + body
         for body in ((b"\x08" + _varint(i) if i else b"") + b for i, b in enumerate(bodies))
     ]
-    head = b"\x00" + struct.pack(">I", FAST.schema_id) + b"\x00"
+    head = bytes((magic,)) + struct.pack(">I", FAST.schema_id) + b"\x00"
     stream = head + b"".join(frames) + (b"\x00" + _varint(len(frames)) if ended else b"")
     same_decoding([stream])
 
@@ -589,6 +610,7 @@ HEADERS = [
     header=st.sampled_from(HEADERS),
     strings=st.lists(st.sampled_from(["a", "東", "", "x" * 40]), max_size=4),
     count=st.integers(0, 3) | st.integers(0, 2**64 - 1),
+    float32=st.booleans(),
     max_frame_bytes=st.integers(1, 200) | st.just(2**70),
 )
 def test_decode_frames_takes_any_bytes(
@@ -597,15 +619,17 @@ def test_decode_frames_takes_any_bytes(
     header: tuple[str, str, int, int, int],
     strings: list[str],
     count: int,
+    float32: bool,
     max_frame_bytes: int,
 ) -> None:
     out: list[ic.TokenChunk] = []
     before = list(strings)
+    args = (header, strings, count, True, float32, max_frame_bytes, out)
     if pos > len(data):
         with pytest.raises(ValueError, match="pos"):
-            ACCEL.decode_frames(data, pos, header, strings, count, True, max_frame_bytes, out)
+            ACCEL.decode_frames(data, pos, *args)
         return
-    stop = ACCEL.decode_frames(data, pos, header, strings, count, True, max_frame_bytes, out)
+    stop = ACCEL.decode_frames(data, pos, *args)
     assert pos <= stop <= len(data)
     assert strings[: len(before)] == before  # the table only grows
     for i, chunk in enumerate(out):
@@ -620,12 +644,13 @@ def test_decode_frames_takes_any_bytes(
 @pytest.mark.parametrize(
     "arguments",
     [
-        ("not bytes", 0, HEADERS[0], [], 0, True, 10, []),
-        (b"", 0, ("too", "short"), [], 0, True, 10, []),
-        (b"", 0, HEADERS[0], ("not", "a list"), 0, True, 10, []),
-        (b"", -1, HEADERS[0], [], 0, True, 10, []),
-        (b"", 0, HEADERS[0], [], -1, True, 10, []),
-        (b"", 0, HEADERS[0], [], 0, True, 10),
+        ("not bytes", 0, HEADERS[0], [], 0, True, True, 10, []),
+        (b"", 0, ("too", "short"), [], 0, True, True, 10, []),
+        (b"", 0, HEADERS[0], ("not", "a list"), 0, True, True, 10, []),
+        (b"", -1, HEADERS[0], [], 0, True, True, 10, []),
+        (b"", 0, HEADERS[0], [], -1, True, True, 10, []),
+        (b"", 0, HEADERS[0], [], 0, True, True, 10),
+        (b"", 0, HEADERS[0], [], 0, True, 10, []),  # the API version 1 arguments
     ],
 )
 def test_decode_frames_refuses_arguments_of_the_wrong_shape(arguments: tuple[Any, ...]) -> None:
@@ -648,7 +673,7 @@ def test_encode_frame_hands_back_what_is_not_a_chunk(chunk: Any) -> None:
     index: dict[str, int] = {}
     strings: list[str] = []
     base = ("r", "m", 0, 0)
-    assert ACCEL.encode_frame(chunk, base, 0, 0, index, strings, True) is None
+    assert ACCEL.encode_frame(chunk, base, 0, 0, index, strings, True, True) is None
     assert (index, strings) == ({}, [])
 
 
@@ -665,10 +690,12 @@ def test_encode_frame_hands_back_a_chunk_of_another_response_untouched() -> None
     ]:
         index: dict[str, int] = {}
         strings: list[str] = []
-        assert ACCEL.encode_frame(chunk, base, next_seq, offset, index, strings, True) is None
+        assert ACCEL.encode_frame(chunk, base, next_seq, offset, index, strings, True, True) is None
         assert (index, strings) == ({}, [])
-    frame = ACCEL.encode_frame(chunk, ("r", "m", 0, 0), 5, 0, {}, [], True)
-    assert frame == b"\x09\x12\x01\x01\x22\x03new"
+    frame = ACCEL.encode_frame(chunk, ("r", "m", 0, 0), 5, 0, {}, [], True, False)
+    assert frame == b"\x09\x12\x01\x01\x22\x03new"  # format 0: token ids packed
+    frame = ACCEL.encode_frame(chunk, ("r", "m", 0, 0), 5, 0, {}, [], True, True)
+    assert frame == b"\x08\x10\x01\x22\x03new"  # format 1: a single id unpacked
 
 
 _REBINDING_KEY = r"""
@@ -717,9 +744,9 @@ class Key(str):
 
 
 base = ("r", "m", 0, 0)
-got = accel.encode_frame(victim, base, 3, 3, {Key(KEY): 0}, [KEY], True)
+got = accel.encode_frame(victim, base, 3, 3, {Key(KEY): 0}, [KEY], True, True)
 # written from the values the chunk had when the call began
-want = accel.encode_frame(chunk(), base, 3, 3, {KEY: 0}, [KEY], True)
+want = accel.encode_frame(chunk(), base, 3, 3, {KEY: 0}, [KEY], True, True)
 print(got == want, done)
 """
 

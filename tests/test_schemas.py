@@ -17,7 +17,7 @@ from inferwire.schemas.kserve import inference_pb2 as kserve_pb
 SCHEMAS = Path(inferwire.schemas.__file__).resolve().parent
 PROTO_OUTPUTS = ["inferwire_pb2.py", "inferwire_pb2.pyi", "inferwire_pb2_grpc.py"]
 # The delta codec's schema versions, shipped as descriptor sets (the registry stores them).
-DELTA_OUTPUTS = ["delta_v1.binpb", "delta_v2.binpb"]
+DELTA_OUTPUTS = ["delta_v1.binpb", "delta_v2.binpb", "delta_v3.binpb"]
 # The KServe v2 / Open Inference Protocol's gRPC messages.
 KSERVE_OUTPUTS = [f"{generate.KSERVE}/{name}" for name in generate.KSERVE_OUTPUTS]
 
@@ -107,7 +107,7 @@ def test_the_fbs_names_its_root_and_file_identifier() -> None:
     assert "(python" not in source
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_each_delta_descriptor_set_is_its_proto(version: int) -> None:
     """One file, the .proto of its name, without source info (so no comment changes its id)."""
     descriptor_set = descriptor_pb2.FileDescriptorSet.FromString(

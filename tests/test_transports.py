@@ -499,7 +499,7 @@ def test_delta_reader_resolves_the_writer_schema_over_http(servers: CliProcesses
     server = servers.server("http1", "delta")
     resolver = http_resolver(server.url)
     # each reader's own registry is empty: it registers its reader schema as id 1, while
-    # the server writes id 2, which only the remote registry can resolve
+    # the server writes id 3, which only the remote registry can resolve
     readers = [DeltaCodec(registry=ic.SchemaRegistry(), resolver=resolver) for _ in range(3)]
     assert {reader.schema_id for reader in readers} == {1}
     requests = [it.GenerateRequest(workload="stream-256", seed=seed) for seed in range(2)]
@@ -536,7 +536,7 @@ def test_registry_routes(servers: CliProcesses, transport: str) -> None:
     assert missing.status_code == 404
     assert "999" in missing.json()["error"]["message"]
     assert versions.status_code == 200
-    assert versions.json() == default_registry().versions(SUBJECT) == [1, 2]
+    assert versions.json() == default_registry().versions(SUBJECT) == [1, 2, 3]
 
 
 def test_http_resolver_unknown_id(servers: CliProcesses) -> None:

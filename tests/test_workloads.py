@@ -25,6 +25,7 @@ NAMES = [
     "stream-16-top5",
     "stream-256-top5",
     "stream-2048-top5",
+    "stream-256-top5-f32",
     "stream-256-multi",
     "embed-1x384",
     "embed-32x1024",
@@ -175,7 +176,7 @@ def test_the_multi_token_stream_has_several_tokens_per_chunk() -> None:
     assert 1 <= sizes[-1] <= 8
 
 
-@pytest.mark.parametrize("name", [n for n in STREAMS if not n.endswith("-top5")])
+@pytest.mark.parametrize("name", [n for n in STREAMS if "-top5" not in n])
 def test_streams_without_logprobs(name: str) -> None:
     assert all(c.logprobs is None for c in _chunks(name))
 
@@ -194,6 +195,28 @@ def test_streams_with_top5_logprobs(name: str) -> None:
             assert (lp.top[0].token, lp.top[0].logprob) == (lp.token, lp.logprob)
             values = [t.logprob for t in lp.top]
             assert values == sorted(values, reverse=True)
+
+
+def test_the_float32_stream_sends_full_precision_float32_logprobs() -> None:
+    """As engines compute them: float32 values, widened to doubles with every digit."""
+    plain = _chunks("stream-256-top5")
+    chunks = _chunks("stream-256-top5-f32")
+    # the same tokens as stream-256-top5: the two differ in their logprobs' values
+    assert [(c.token_ids, c.text) for c in chunks] == [(c.token_ids, c.text) for c in plain]
+    values = [t.logprob for c in chunks for lp in c.logprobs or () for t in lp.top]
+    assert len(values) == 256 * 5
+    assert all(float(np.float32(v)) == v and math.isfinite(v) and v < 0 for v in values)
+    # not short decimals: most need the float32's every digit (9 significant or more)
+    assert sum(float(f"{v:.8g}") != v for v in values) > 0.9 * len(values)
+    for chunk in chunks:
+        assert chunk.logprobs is not None
+        for lp in chunk.logprobs:
+            assert len(lp.top) == 5
+            assert (lp.top[0].token, lp.top[0].logprob) == (lp.token, lp.logprob)
+            top = [t.logprob for t in lp.top]
+            assert top == sorted(top, reverse=True)
+            # a log-softmax over the vocabulary: the top 5 hold less than all the mass
+            assert math.fsum(math.exp(v) for v in top) < 1
 
 
 # -- embeddings and images ------------------------------------------------------------------

@@ -96,13 +96,43 @@ class _Tokens:
         ]
         return TokenLogprob(token=self.text(token_id), logprob=chosen, top=tuple(top[:top_k]))
 
+    def logprob_f32(self, token_id: int, top_k: int) -> TokenLogprob:
+        """As an engine reports them: the log-softmax of float32 logits, computed in float32
+        and sent at full precision (every digit of the float32, widened to a double)."""
+        # the chosen token's logit and its alternatives' below it, over a tail that holds
+        # the rest of the mass (the log-sum-exp of the vocabulary's other logits)
+        gaps = self._rng.exponential(1.5, size=top_k).astype(np.float32)
+        chosen = np.float32(self._rng.normal(18.0, 3.0))
+        logits = np.concatenate([[chosen], chosen - np.cumsum(gaps, dtype=np.float32)])
+        tail = np.float32(chosen - np.float32(self._rng.exponential(1.0) + 1.0))
+        peak = logits.max()
+        total = np.exp(logits - peak, dtype=np.float32).sum(dtype=np.float32) + np.exp(
+            tail - peak, dtype=np.float32
+        )
+        logprobs = (logits - (peak + np.log(total, dtype=np.float32))).astype(np.float32)
+        alternatives = self.draw(top_k) if top_k else []
+        values = [float(v) for v in logprobs]
+        top = [TopLogprob(token=self.text(token_id), logprob=values[0])]
+        top += [
+            TopLogprob(token=self.text(alt), logprob=value)
+            for alt, value in zip(alternatives[: top_k - 1], values[1:], strict=False)
+        ]
+        return TokenLogprob(token=self.text(token_id), logprob=values[0], top=tuple(top[:top_k]))
+
 
 def token_stream(
-    seed: int, *, tokens: int, top_logprobs: int | None, tokens_per_chunk: tuple[int, int]
+    seed: int,
+    *,
+    tokens: int,
+    top_logprobs: int | None,
+    tokens_per_chunk: tuple[int, int],
+    float32_logprobs: bool = False,
 ) -> list[Message]:
-    """``tokens`` tokens in chunks of ``tokens_per_chunk`` (inclusive range) tokens."""
+    """``tokens`` tokens in chunks of ``tokens_per_chunk`` (inclusive range) tokens; logprobs
+    as 8-digit decimals, or with ``float32_logprobs`` as full-precision float32 values."""
     rng = np.random.default_rng(seed)
     vocab = _Tokens(rng)
+    logprob = vocab.logprob_f32 if float32_logprobs else vocab.logprob
     response_id = "chatcmpl-" + rng.bytes(12).hex()
     prompt_tokens = int(rng.integers(64, 2048))
     ids = vocab.draw(tokens)
@@ -125,7 +155,7 @@ def token_stream(
                 text="".join(vocab.text(i) for i in step_ids),
                 logprobs=None
                 if top_logprobs is None
-                else tuple(vocab.logprob(i, top_logprobs) for i in step_ids),
+                else tuple(logprob(i, top_logprobs) for i in step_ids),
                 # the response ended by itself; "length" is for a cut one (the service's
                 # max_tokens), as OpenAI and vLLM report them
                 finish_reason="stop" if last else None,
@@ -167,10 +197,14 @@ def image(seed: int, *, datatype: Literal["FP32", "FP16"]) -> list[Message]:
 
 
 def _stream(
-    tokens: int, top: int | None, per_chunk: tuple[int, int] = (1, 1)
+    tokens: int, top: int | None, per_chunk: tuple[int, int] = (1, 1), *, f32: bool = False
 ) -> Callable[[int], list[Message]]:
     return functools.partial(
-        token_stream, tokens=tokens, top_logprobs=top, tokens_per_chunk=per_chunk
+        token_stream,
+        tokens=tokens,
+        top_logprobs=top,
+        tokens_per_chunk=per_chunk,
+        float32_logprobs=f32,
     )
 
 
@@ -192,6 +226,13 @@ _WORKLOADS: Final[tuple[Workload, ...]] = (
             description=f"{n}-token stream, one token per chunk, logprobs with top 5",
         )
         for n in (16, 256, 2048)
+    ),
+    Workload(
+        name="stream-256-top5-f32",
+        kind="stream",
+        build=_stream(256, 5, f32=True),
+        description="256-token stream, one token per chunk, top 5 logprobs as full-precision "
+        "float32 values (the log-softmax of float32 logits, as engines compute them)",
     ),
     Workload(
         name="stream-256-multi",

@@ -301,7 +301,7 @@ def _fan_out(tokens: int, alternatives: int) -> bytes:
 
 def _delta_header_end(stream: bytes) -> int | None:
     """Where a delta stream's header ends (magic, schema id, varint length, Header)."""
-    if len(stream) < 6 or stream[0] != 0:
+    if len(stream) < 6 or stream[0] not in (0, 1):  # wire formats 0 and 1
         return None
     try:
         length, pos = _read_varint(stream, 5)
