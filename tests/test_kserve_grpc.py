@@ -2,9 +2,10 @@
 
 Each test starts the gRPC server on loopback in its own event loop and stops it; the tests
 that drive a server run once on asyncio's loop and once on uvloop (``event_loop_kind``,
-tests/conftest.py). tritonclient's client is synchronous (its stream runs a thread of its own), so its calls run
-in a worker thread while the server runs in the loop. Requests tritonclient cannot send (typed
-``contents``, malformed messages) go through a plain ``grpc.aio`` channel with our messages.
+tests/conftest.py). tritonclient's client is synchronous (its stream runs a thread of its own),
+so its calls run in a worker thread while the server runs in the loop. Requests tritonclient
+cannot send (typed ``contents``, malformed messages) go through a plain ``grpc.aio`` channel
+with our messages.
 """
 
 from __future__ import annotations
