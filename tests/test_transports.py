@@ -46,6 +46,7 @@ from inferwire.transports.grpc_transport import GrpcClient
 from inferwire.transports.http1 import Http1Client
 from inferwire.transports.openai_api import chat_request_body
 from inferwire.transports.registry_client import HttpSchemaResolver, http_resolver
+from inferwire.transports.tcp import OK, OP_INFER, infer_wire_bytes
 from inferwire.workloads import token_stream_source
 
 T = TypeVar("T")
@@ -339,6 +340,30 @@ def test_infer_echoes_bitwise(servers: Fleet, transport: str, codec: str) -> Non
     server = servers.server(transport, codec)
     request = infer_request()
     assert_echoed(servers.run(infer_once(transport, server.address, codec, request)), request)
+
+
+@pytest.mark.parametrize("codec", ["protobuf", "orjson"])
+def test_tcp_infer_wire_bytes_are_what_the_server_exchanges(servers: Fleet, codec: str) -> None:
+    """``tcp.infer_wire_bytes``, the byte counts of the bench's raw echo floor, against a
+    request written by hand in the wire format and the answer read to its end."""
+    server = servers.server("tcp", codec)
+    request = infer_request()
+    body = ic.get(codec).encode(request)
+    sent, answered = infer_wire_bytes(ic.get(codec), request, SERVICE.infer(request))
+
+    async def exchange() -> bytes:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        try:
+            writer.write(OP_INFER + len(body).to_bytes(4, "big") + body)
+            head = await reader.readexactly(5)
+            return head + await reader.readexactly(int.from_bytes(head[1:], "big"))
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    answer = servers.run(exchange())
+    assert answer[:1] == OK
+    assert (sent, answered) == (5 + len(body), len(answer))
 
 
 def test_codec_coverage() -> None:
