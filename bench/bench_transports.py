@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
@@ -188,12 +190,43 @@ def _unary_correct(responses: list[Any]) -> bool:
     return all(r == expected for r in responses)
 
 
+def _cpu_ratio(
+    subject: Callable[[], Any],
+    subject_pid: int,
+    baseline: Callable[[], Any],
+    baseline_pid: int,
+    pairs: int,
+) -> float:
+    """Median over ``pairs`` back-to-back pairs (alternating order) of the CPU time ``subject``
+    costs over what ``baseline`` costs, each the client's (this thread's) plus its server
+    process's. CPU time leaves out the waits for a core that a busy machine adds to every
+    wake-up (they compress a wall-clock ratio towards 1)."""
+
+    def cpu_ns(work: Callable[[], Any], pid: int) -> int:
+        clock = server_process.cpu_clock(pid)
+        client, server = time.thread_time_ns(), time.clock_gettime_ns(clock)
+        work()
+        return time.thread_time_ns() - client + time.clock_gettime_ns(clock) - server
+
+    ratios = []
+    for i in range(pairs):
+        if i % 2:
+            a = cpu_ns(subject, subject_pid)
+            b = cpu_ns(baseline, baseline_pid)
+        else:
+            b = cpu_ns(baseline, baseline_pid)
+            a = cpu_ns(subject, subject_pid)
+        ratios.append(a / max(b, 1))
+    return statistics.median(ratios)
+
+
 def _tcp_floors(
     env: _Bench, codec: str, subject: Callable[[], Any], calls: int, pairs: int, sample_s: float
 ) -> dict[str, Any]:
     """Our ``tcp`` unary round trip over a raw echo of the same bytes on the same loop
-    (``vs_echo``), and with both ends on asyncio over both on uvloop (``asyncio_vs_uvloop``),
-    each a paired ratio; with the echo's byte counts, loops and whether every echo was whole."""
+    (``vs_echo``; ``vs_echo_cpu``: the same in client + server CPU time), and with both ends
+    on asyncio over both on uvloop (``asyncio_vs_uvloop``), each a paired ratio; with the
+    echo's byte counts, loops and whether every echo was whole."""
     expected = env.service.infer(SMALL_REQUEST)
     request_bytes, response_bytes = infer_wire_bytes(ic.get(codec), SMALL_REQUEST, expected)
     echo, echo_process = env.echo(request_bytes, response_bytes)
@@ -203,8 +236,12 @@ def _tcp_floors(
 
     floor = env.run(echoes)
     received = floor()  # warm, and checked: each round trip got the whole response, no more
+    ours, theirs = env.server("tcp", codec).process, echo_process.process
+    assert ours is not None
+    assert theirs is not None
     info: dict[str, Any] = {
         "vs_echo": paired_ratio(subject, floor, pairs, min_sample_s=sample_s),
+        "vs_echo_cpu": _cpu_ratio(subject, ours.pid, floor, theirs.pid, pairs),
         "echo_request_bytes": request_bytes,
         "echo_response_bytes": response_bytes,
         "echo_loop": env.loop_kind,

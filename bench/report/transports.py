@@ -145,6 +145,7 @@ def _floors(results: list[TransportResult]) -> list[str]:
             _us(r.per_item_s),
             f"{r.info.get('echo_request_bytes', '?')} / {r.info.get('echo_response_bytes', '?')}",
             r.ratio_cell("vs_echo"),
+            r.ratio_cell("vs_echo_cpu") or "n/a",
             r.ratio_cell("asyncio_vs_uvloop") or "n/a",
         ]
         for r in found
@@ -156,11 +157,21 @@ def _floors(results: list[TransportResult]) -> list[str]:
         "response byte counts on the same loop (asyncio Protocol callbacks on both ends, the "
         "server its own process pinned like ours, no framing or codec; "
         "`bench/procs/echo_server.py`): what the framing, the codec and the stream "
-        "machinery add. *asyncio vs uvloop*: the same `tcp` round trip with client and server "
+        "machinery add. *vs echo, CPU*: the same pairs in CPU time, the client's thread "
+        "plus the server process (a busy machine's waits for a core, which stretch both "
+        "sides of a wall-clock pair alike and pull it towards 1, are left out). "
+        "*asyncio vs uvloop*: the same `tcp` round trip with client and server "
         "on asyncio's loop over both on uvloop. Both paired ratios.",
         "",
         _table(
-            ["codec", "tcp unary", "bytes (request / response)", "vs echo", "asyncio vs uvloop"],
+            [
+                "codec",
+                "tcp unary",
+                "bytes (request / response)",
+                "vs echo",
+                "vs echo, CPU",
+                "asyncio vs uvloop",
+            ],
             rows,
         ),
         "",
