@@ -165,7 +165,7 @@ def _floors(results: list[TransportResult]) -> list[str]:
         "and the echo is mostly asyncio's streams on both ends (a StreamReader wake-up and a "
         "task step per request, a `readexactly` per field), more than the codec for the "
         "binary codecs: served from Protocol callbacks with the same codec work, the same "
-        "exchange took about 30% less server CPU (`msgpack`, `protobuf`; an experiment "
+        "exchange took 25-30% less server CPU (`msgpack`, `protobuf`; an experiment "
         "outside this suite).",
         "",
         _table(
