@@ -9,7 +9,9 @@ the timing and is kept. One benchmark per cell times both, in pairs of rounds th
 their order (new then reused, then reused then new, ...): ``saved`` is the median over the
 ``PAIRS`` pairs of 1 - reused / new, so a drift of the machine between two separately timed
 benchmarks cannot show as a saving. The reused clients stay open, idle, through the new
-rounds. ``extra_info`` records the connections the new rounds opened.
+rounds. ``extra_info`` records the connections the new rounds opened, and the loops the
+client, the server and the proxy ran on (the run's,
+:func:`~inferwire.bench.procs.server_process.requested_loop`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench.procs import server_process
+from inferwire.transports import loops
 from inferwire.workloads import token_stream_source
 
 CODEC = "protobuf"
@@ -43,7 +46,7 @@ REQUEST = ic.InferRequest(
 
 class _Env:
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = loops.new_event_loop(server_process.requested_loop())
         self.servers: dict[tuple[str, bool], server_process.ServerProcess] = {}
         self.proxies: dict[tuple[str, bool], server_process.ServerProcess] = {}
         self.expected = it.SimulatedService(token_stream_source).infer(REQUEST)
@@ -60,6 +63,14 @@ class _Env:
         if key not in self.proxies:
             self.proxies[key] = server_process.proxy(server.address, delay_ms).start()
         return self.proxies[key].address, client_tls
+
+    def loop_info(self, transport: str, tls: bool, delay_ms: int) -> dict[str, str]:
+        """The loops of a cell: this client's as it runs, its server's (and proxy's) as
+        announced."""
+        info = {"loop": loops.kind(self.loop), "server_loop": self.servers[transport, tls].loop}
+        if delay_ms:
+            info["proxy_loop"] = self.proxies[transport, tls].loop
+        return info
 
     def close(self) -> None:
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
@@ -161,6 +172,7 @@ def bench_connection_setup(
         connections_per_round=concurrency,
         connections_opened=opened[0],
         correct=correct and opened[0] == concurrency * (pairs + warmup_pairs),
+        **conn_env.loop_info(transport, tls, delay_ms),
     )
     assert benchmark.extra_info["correct"], f"{transport}: wrong responses or connections"
 
@@ -204,5 +216,6 @@ def bench_session_connections(
         requests=SESSION_REQUESTS,
         connections=max(counts),
         correct=correct,
+        **conn_env.loop_info(transport, False, 0),
     )
     assert correct

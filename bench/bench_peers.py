@@ -4,6 +4,10 @@ Servers: inferwire ``http1`` and uvicorn + Starlette (HTTP/1.1, httptools), infe
 and Hypercorn + Starlette (HTTP/2 cleartext, prior knowledge); the peers are
 :mod:`inferwire.bench.procs.peer_servers`, serving the same service with the same codec, so
 the bytes of every stream are the same. Our client (the same for both sides of a pair) drives each.
+Every server and the client run on the run's event loop
+(:func:`~inferwire.bench.procs.server_process.requested_loop`: uvloop when installed, as
+``uvicorn[standard]`` and Hypercorn's uvloop workers are deployed); each result records the
+client's loop and its server's as announced, and a pair on different loops fails.
 
 Method:
 
@@ -57,6 +61,7 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench.procs import peer_servers, server_process
 from inferwire.bench.report.peers import GROUP as PEERS_GROUP
+from inferwire.transports import loops
 from inferwire.workloads import token_stream_source
 
 CODEC: Final = "orjson"
@@ -141,7 +146,7 @@ class _Env:
     """One event loop in a pinned benchmark process; one pinned server process per name."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = loops.new_event_loop(server_process.requested_loop())
         self.processes: dict[str, server_process.ServerProcess] = {}
         self.request = it.GenerateRequest(workload=WORKLOAD)
         self.expected = list(it.SimulatedService(token_stream_source).chunks(self.request))
@@ -163,6 +168,11 @@ class _Env:
         popen = self.processes[name].process
         assert popen is not None
         return self.processes[name].address, psutil.Process(popen.pid)
+
+    def loop_of(self, name: str) -> str:
+        """The loop ``name``'s server announced it runs."""
+        self.server(name)
+        return self.processes[name].loop
 
     def round(self, name: str, streams: int, concurrency: int, tally: _Tally) -> None:
         address, server = self.server(name)
@@ -272,7 +282,8 @@ def _paired(
 
 
 def _versions() -> dict[str, str]:
-    names = ("inferwire", "uvicorn", "starlette", "hypercorn", "httptools", "h2", "orjson")
+    names = ["inferwire", "uvicorn", "starlette", "hypercorn", "httptools", "h2", "orjson"]
+    names += ["uvloop"] if loops.uvloop_installed() else []
     return {name: metadata.version(name) for name in names}
 
 
@@ -300,6 +311,8 @@ def bench_peer(benchmark: Any, env: _Env, name: str) -> None:
         client_core=env.client_core,
         load_average_1m=load_average_1m,
         versions=_versions(),
+        loop=loops.kind(env.loop),
+        server_loop=env.loop_of(name),
         **figures,
     )
     assert figures["correct"], f"{name}: a stream differs from the service's"
@@ -309,8 +322,11 @@ def bench_peer(benchmark: Any, env: _Env, name: str) -> None:
     env.round(server.baseline, concurrency, concurrency, _Tally())  # warm, if it was not run
     per_cpu, per_s, correct = _paired(env, server.baseline, name, streams, concurrency, pairs)
     ratio = statistics.median(per_cpu)
+    baseline_loop = env.loop_of(server.baseline)
+    same_loop = baseline_loop == benchmark.extra_info["server_loop"] == loops.kind(env.loop)
     benchmark.extra_info.update(
         baseline=server.baseline,
+        baseline_server_loop=baseline_loop,
         pairs=pairs,
         ratio_tokens_per_server_cpu_s=ratio,
         ratio_tokens_per_s=statistics.median(per_s),
@@ -320,3 +336,4 @@ def bench_peer(benchmark: Any, env: _Env, name: str) -> None:
         correct=figures["correct"] and correct,
     )
     assert correct, f"{name} or {server.baseline}: a stream differs from the service's"
+    assert same_loop, f"{name} and {server.baseline} ran on different loops"

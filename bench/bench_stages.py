@@ -35,6 +35,7 @@ import pytest
 
 import inferwire.transports as it
 from inferwire.bench.procs import server_process
+from inferwire.transports import loops
 from inferwire.transports.timing import REQUEST_STAGES
 from inferwire.workloads import token_stream_source
 
@@ -58,7 +59,7 @@ request per token) per transport."""
 
 class _Env:
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = loops.new_event_loop(server_process.requested_loop())
         self.processes: dict[tuple[str, ...], server_process.ServerProcess] = {}
 
     def server(
@@ -78,6 +79,14 @@ class _Env:
         if key not in self.processes:
             self.processes[key] = server_process.proxy(upstream.address, delay_ms).start()
         return self.processes[key]
+
+    def loop_info(self, *processes: server_process.ServerProcess) -> dict[str, str]:
+        """The loops of a result: this client's as it runs, its server's (and proxy's) as
+        announced."""
+        info = {"loop": loops.kind(self.loop), "server_loop": processes[0].loop}
+        if len(processes) > 1:
+            info["proxy_loop"] = processes[1].loop
+        return info
 
     def close(self) -> None:
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
@@ -175,6 +184,7 @@ def bench_stages(benchmark: Any, stage_env: _Env, transport: str, codec: str) ->
         streams=streams,
         warmup_streams=WARMUP_STREAMS,
         pooled_chunks=len(pooled["serialize"]),
+        **stage_env.loop_info(server),
         stages_us=stages_us,
         stages_p90_us=stages_p90_us,
         shares=chunk_shares(pooled, DECODE_MS),
@@ -200,7 +210,8 @@ def bench_wan_share(benchmark: Any, stage_env: _Env, transport: str, pattern: st
     compute_ms = 0.0 if quick else WAN_DECODE_MS
     server = stage_env.server(transport, codec, compute_ms, compute_ms)
     delay_ms = 1.0 if quick else WAN_DELAY_MS
-    addresses = {"direct": server.address, "proxied": stage_env.proxy(server, delay_ms).address}
+    proxy = stage_env.proxy(server, delay_ms)
+    addresses = {"direct": server.address, "proxied": proxy.address}
     tokens = 2 if quick else WAN_TOKENS
     pairs = 1 if quick else WAN_PAIRS
     service = it.SimulatedService(token_stream_source)
@@ -259,6 +270,7 @@ def bench_wan_share(benchmark: Any, stage_env: _Env, transport: str, pattern: st
         direct_ms=float(np.median(direct)) * 1e3,
         proxied_ms=float(np.median(proxied)) * 1e3,
         network_share=float(np.median(1 - direct / proxied)),
+        **stage_env.loop_info(server, proxy),
         correct=all(outputs) and len(outputs) == 2 * pairs,
     )
     assert benchmark.extra_info["correct"], f"{transport} {pattern}: wrong tokens"

@@ -5,6 +5,10 @@ collector, and pytest-benchmark's ``--benchmark-disable-gc`` is on by default he
 collection pass is never billed to one unlucky round. Each result's ``extra_info`` names the
 codec, the workload, the wire size and whether the round trip was correct.
 
+Event loop: the run's (``$INFERWIRE_LOOP``, ``inferwire bench --loop``; uvloop when
+installed) is recorded in ``machine_info["event_loop"]`` beside uvloop's version; each result
+records the loops its client and servers actually ran on.
+
 Calibration: a timed run measures two fixed workloads at its start, middle and end and reads
 the machine's CPU counters (:mod:`inferwire.bench.measure.calibration`); the JSON of the run
 records them under ``calibration``, with the run's stability verdict.
@@ -13,6 +17,7 @@ records them under ``calibration``, with the run's stability verdict.
 from __future__ import annotations
 
 import gc
+import os
 import platform
 from collections.abc import Generator, Iterator
 from typing import Any
@@ -21,8 +26,9 @@ import pytest
 
 from inferwire.bench.measure.calibration import Calibration
 from inferwire.bench.measure.versions import CORE_LIBRARIES, library_versions
+from inferwire.bench.procs.server_process import LOOP_ENV, requested_loop
 
-LIBRARIES = (*CORE_LIBRARIES, "pytest-benchmark")
+LIBRARIES = (*CORE_LIBRARIES, "pytest-benchmark", "uvloop")
 
 
 def pytest_benchmark_update_machine_info(config: Any, machine_info: dict[str, Any]) -> None:
@@ -31,6 +37,8 @@ def pytest_benchmark_update_machine_info(config: Any, machine_info: dict[str, An
     machine_info["libraries"] = library_versions(LIBRARIES)
     machine_info["protobuf_backend"] = BACKEND
     machine_info["python_implementation"] = platform.python_implementation()
+    machine_info["event_loop"] = requested_loop()
+    machine_info["event_loop_requested"] = os.environ.get(LOOP_ENV) or "auto"
 
 
 def pytest_configure(config: pytest.Config) -> None:

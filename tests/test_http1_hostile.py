@@ -8,7 +8,8 @@
 * Slow clients: a head must be whole within ``Limits.header_timeout_s`` of its first byte,
   so a byte a second (slowloris) is cut off while other clients are served.
 
-Each test starts its own server in its own event loop (``asyncio.run``); every wait is bounded.
+Each test starts its own server in its own event loop, once on asyncio's and once on uvloop
+(``event_loop_kind``, tests/conftest.py); every wait is bounded.
 The unparsable requests of ``test_transport_faults`` (not HTTP, a bad Content-Length, an
 unknown coding alone, one huge header) are not repeated here.
 """
@@ -24,6 +25,7 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire.transports import loops
 from inferwire.transports.http1 import MAX_HEADER_BYTES
 from tests.fault_helpers import (
     assert_serves,
@@ -142,7 +144,7 @@ def _assert_refusal(response: tuple[int, dict[str, str], bytes], statuses: set[i
 
 @pytest.mark.parametrize(("raw", "statuses"), SMUGGLING)
 def test_http1_smuggling_is_refused_and_what_follows_never_runs(
-    raw: bytes, statuses: set[int]
+    event_loop_kind: str, raw: bytes, statuses: set[int]
 ) -> None:
     async def run() -> None:
         async with serving("http1") as srv:
@@ -155,10 +157,10 @@ def test_http1_smuggling_is_refused_and_what_follows_never_runs(
             assert srv.service.streams_started == 0
             await assert_serves("http1", srv.address)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_http1_requests_before_a_refused_one_are_answered_in_order() -> None:
+def test_http1_requests_before_a_refused_one_are_answered_in_order(event_loop_kind: str) -> None:
     """A good request pipelined ahead of a smuggling attempt gets its own answer, then the
     attempt its refusal: the refusal is not sent in place of the good request's answer."""
 
@@ -180,7 +182,7 @@ def test_http1_requests_before_a_refused_one_are_answered_in_order() -> None:
             _assert_refusal(responses[1], {400})
             assert srv.service.streams_started == 0
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 # -- limits ---------------------------------------------------------------------------------
@@ -235,7 +237,7 @@ _PAD = b"x-padding: "
 
 
 @pytest.mark.parametrize("split", ["inside-one-header", "two-whole-headers"])
-def test_http1_head_over_the_limit_in_two_halves_is_431(split: str) -> None:
+def test_http1_head_over_the_limit_in_two_halves_is_431(event_loop_kind: str, split: str) -> None:
     """Each half is under the limit, the head is over it: counted across reads."""
     half = MAX_HEADER_BYTES * 3 // 5
     head = b"GET /v2/health/ready HTTP/1.1\r\nhost: 127.0.0.1\r\n"
@@ -262,10 +264,10 @@ def test_http1_head_over_the_limit_in_two_halves_is_431(split: str) -> None:
             _assert_refusal(responses[0], {431})
             await assert_serves("http1", srv.address)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_http1_head_that_never_ends_is_431_before_much_is_read() -> None:
+def test_http1_head_that_never_ends_is_431_before_much_is_read(event_loop_kind: str) -> None:
     """httptools buffers a header line until its end; one that never ends is refused by the
     bytes read into it, not held until the client stops sending."""
 
@@ -288,13 +290,13 @@ def test_http1_head_that_never_ends_is_431_before_much_is_read() -> None:
             assert sent < 64 * MAX_HEADER_BYTES, f"{sent} bytes of one header were taken"
             await assert_serves("http1", srv.address)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 SMALL_LIMITS = it.Limits(max_message_bytes=64 * 1024)
 
 
-def test_http1_declared_body_over_the_cap_is_413_from_the_head() -> None:
+def test_http1_declared_body_over_the_cap_is_413_from_the_head(event_loop_kind: str) -> None:
     """A Content-Length over the cap is refused as soon as the head is read: the server does
     not wait for a body it would not keep."""
 
@@ -313,10 +315,12 @@ def test_http1_declared_body_over_the_cap_is_413_from_the_head() -> None:
             assert srv.service.streams_started == 0
             await assert_serves("http1", srv.address)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_http1_chunked_body_over_the_cap_is_413_while_others_are_served() -> None:
+def test_http1_chunked_body_over_the_cap_is_413_while_others_are_served(
+    event_loop_kind: str,
+) -> None:
     """A chunked body has no length to refuse from: it is counted as it arrives, refused
     once over the cap, and a client on another connection is served while it uploads."""
     cap = SMALL_LIMITS.max_message_bytes
@@ -346,7 +350,7 @@ def test_http1_chunked_body_over_the_cap_is_413_while_others_are_served() -> Non
             assert srv.service.streams_started == 1  # the other client's
             await assert_serves("http1", srv.address)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 # -- slow clients ---------------------------------------------------------------------------
@@ -355,7 +359,7 @@ HEAD_TIMEOUT_S = 3.0
 SLOW_LIMITS = it.Limits(header_timeout_s=HEAD_TIMEOUT_S)
 
 
-def test_http1_slowloris_is_cut_off_and_others_are_served_meanwhile() -> None:
+def test_http1_slowloris_is_cut_off_and_others_are_served_meanwhile(event_loop_kind: str) -> None:
     """A client that sends a head byte every 0.25 s never trips a per-read timeout; the head
     timeout counts from the first byte. Another client is served while it drips."""
 
@@ -392,10 +396,10 @@ def test_http1_slowloris_is_cut_off_and_others_are_served_meanwhile() -> None:
                 assert len(responses) == 1
                 _assert_refusal(responses[0], {408})
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_http1_head_timeout_counts_from_each_heads_first_byte() -> None:
+def test_http1_head_timeout_counts_from_each_heads_first_byte(event_loop_kind: str) -> None:
     """An idle keep-alive connection is not a slow head: a request sent after idling longer
     than the head timeout is served, on the same connection."""
 
@@ -422,4 +426,4 @@ def test_http1_head_timeout_counts_from_each_heads_first_byte() -> None:
                     await writer.wait_closed()
             assert srv.service.streams_started == 2
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)

@@ -6,6 +6,10 @@ state machine where a well-behaved side is wanted. The properties, for every att
 ends the attacking connection (a GOAWAY with the expected code where it can still leave), its
 memory and write buffer stay bounded, and it goes on serving a new, well-behaved client.
 
+The server-level attacks run once on asyncio's loop and once on uvloop (``event_loop_kind``,
+tests/conftest.py), whose transports buffer and pause writes their own way; the frame floods
+and malformed headers, judged by the sans-IO frame guard, run on asyncio's alone.
+
 Bounds are generous (a busy 2-core machine): a bound that fires is a hang.
 """
 
@@ -40,7 +44,7 @@ from hyperframe.frame import (
 
 import inferwire.transports as it
 from inferwire.transports import errors as it_errors
-from inferwire.transports import h2guard, http2
+from inferwire.transports import h2guard, http2, loops
 from inferwire.transports.http2.server import ServerProtocol
 from tests.fault_helpers import MESSAGES, Running, assert_serves, serving, wait_until
 
@@ -273,7 +277,7 @@ def test_frame_guard_verdict_does_not_depend_on_how_bytes_arrive(
 # -- 1. Rapid Reset (CVE-2023-44487) ------------------------------------------------------
 
 
-def test_http2_rapid_reset_is_bounded_and_calmed() -> None:
+def test_http2_rapid_reset_is_bounded_and_calmed(event_loop_kind: str) -> None:
     """10,000 requests each reset at once: handlers of reset streams are cancelled, never more
     than MAX_HANDLERS run at once, and the server sends GOAWAY(ENHANCE_YOUR_CALM)."""
     pairs = 10_000
@@ -314,7 +318,7 @@ def test_http2_rapid_reset_is_bounded_and_calmed() -> None:
             await assert_freed(srv)
             await assert_serves("http2", srv.address, stream=False)  # prefill: unary only
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 _STREAM_BODY = orjson.dumps({"workload": "stream-16", "messages": MESSAGES, "stream": True})
@@ -350,7 +354,7 @@ async def _limit_open(srv: Running) -> AsyncIterator[Peer]:
         yield peer
 
 
-def test_http2_reset_streams_leave_the_stream_count_at_once() -> None:
+def test_http2_reset_streams_leave_the_stream_count_at_once(event_loop_kind: str) -> None:
     """RFC 9113, 5.1.2: open and half-closed streams count, closed ones do not. With the limit
     reached, streams the peer resets free their places at once, although their handlers take a
     moment to end: new streams in that moment are served, not refused."""
@@ -368,10 +372,12 @@ def test_http2_reset_streams_leave_the_stream_count_at_once() -> None:
             assert (peer.protocol.refusals, peer.protocol.resets) == (0, 5)
             assert not peer.protocol.transport.is_closing()
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_http2_handlers_past_the_bound_are_refused_outside_the_reset_budget() -> None:
+def test_http2_handlers_past_the_bound_are_refused_outside_the_reset_budget(
+    event_loop_kind: str,
+) -> None:
     """The Rapid Reset bound: at most MAX_HANDLERS handlers run, those of reset streams still
     ending included. A stream past it is refused (RST_STREAM(REFUSED_STREAM): not processed,
     safe to retry); the refusal is not the peer's reset and does not spend its budget; once
@@ -403,10 +409,10 @@ def test_http2_handlers_past_the_bound_are_refused_outside_the_reset_budget() ->
             assert await wait_until(lambda: srv.service.active_streams == limit - 4)
             assert not peer.protocol.transport.is_closing()
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_http2_a_stream_past_the_advertised_limit_ends_the_connection() -> None:
+def test_http2_a_stream_past_the_advertised_limit_ends_the_connection(event_loop_kind: str) -> None:
     """A peer that opens MAX_CONCURRENT_STREAMS + 1 streams breaks RFC 9113, 5.1.2: h2 takes
     it as a connection error (GOAWAY(PROTOCOL_ERROR)), as section 5.4.1 allows; others are
     served."""
@@ -420,7 +426,7 @@ def test_http2_a_stream_past_the_advertised_limit_ends_the_connection() -> None:
             await assert_freed(srv)
             await assert_serves("http2", srv.address, stream=False)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 # -- 2. floods from a peer that does not read -----------------------------------------------
@@ -460,7 +466,7 @@ def test_http2_flood_from_a_peer_that_does_not_read(kind: str, code: Codes) -> N
     asyncio.run(run())
 
 
-def test_http2_control_frames_to_a_peer_that_does_not_read_are_capped() -> None:
+def test_http2_control_frames_to_a_peer_that_does_not_read_are_capped(event_loop_kind: str) -> None:
     """PINGs with a request now and then (so never idle for long): their ACKs pile up behind
     a peer that does not read until CONTROL_BYTES_CAP, and the connection is dropped."""
     pings_per_request = http2.MAX_IDLE_FRAMES // 2
@@ -488,7 +494,7 @@ def test_http2_control_frames_to_a_peer_that_does_not_read_are_capped() -> None:
             await peer.read_until_closed()
             await assert_freed(srv)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 # -- 3. a lying frame length -----------------------------------------------------------------
@@ -550,7 +556,7 @@ def test_http2_continuation_flood(piece: int, code: Codes) -> None:
     asyncio.run(run())
 
 
-def test_http2_hpack_bomb_is_refused_with_bounded_memory() -> None:
+def test_http2_hpack_bomb_is_refused_with_bounded_memory(event_loop_kind: str) -> None:
     """One 4,000-byte header put in the dynamic table, then a block that names it 10,000
     times: 10 KB on the wire, 40 MB decoded. Refused (GOAWAY(ENHANCE_YOUR_CALM)) as the header
     list passes MAX_HEADER_LIST_SIZE, with memory to match."""
@@ -576,7 +582,7 @@ def test_http2_hpack_bomb_is_refused_with_bounded_memory() -> None:
             await assert_freed(srv)
             await assert_serves("http2", srv.address, stream=False)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 # -- 5. a reader that stops ------------------------------------------------------------------
@@ -633,7 +639,7 @@ class _H2Client:
             self.flush()
 
 
-def test_http2_stalled_reader_holds_only_its_window_and_times_out() -> None:
+def test_http2_stalled_reader_holds_only_its_window_and_times_out(event_loop_kind: str) -> None:
     """A stream whose reader never opens its window again stalls alone: another stream on the
     connection and another connection complete meanwhile; after the server's ``timeout_s``
     the stalled stream is reset (its handler freed) and the connection goes on."""
@@ -674,4 +680,4 @@ def test_http2_stalled_reader_holds_only_its_window_and_times_out() -> None:
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)

@@ -1,9 +1,11 @@
 """KServe v2 / the Open Inference Protocol over gRPC, driven by ``tritonclient.grpc``.
 
-Each test starts the gRPC server on loopback in its own event loop (``asyncio.run``) and stops
-it. tritonclient's client is synchronous (its stream runs a thread of its own), so its calls run
-in a worker thread while the server runs in the loop. Requests tritonclient cannot send (typed
-``contents``, malformed messages) go through a plain ``grpc.aio`` channel with our messages.
+Each test starts the gRPC server on loopback in its own event loop and stops it; the tests
+that drive a server run once on asyncio's loop and once on uvloop (``event_loop_kind``,
+tests/conftest.py). tritonclient's client is synchronous (its stream runs a thread of its own),
+so its calls run in a worker thread while the server runs in the loop. Requests tritonclient
+cannot send (typed ``contents``, malformed messages) go through a plain ``grpc.aio`` channel
+with our messages.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from tritonclient.utils import InferenceServerException
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.schemas.kserve import inference_pb2 as kpb
-from inferwire.transports import kserve_grpc
+from inferwire.transports import kserve_grpc, loops
 from tests.fault_helpers import Running, expected_chunks, serving, wait_until
 
 BOUND_S = 60.0
@@ -152,7 +154,7 @@ def test_every_method_is_tritonclients() -> None:
 # -- health and metadata ----------------------------------------------------------------------
 
 
-def test_server_and_model_metadata() -> None:
+def test_server_and_model_metadata(event_loop_kind: str) -> None:
     async def run() -> None:
         async with triton() as (_, client):
             assert await call(client.is_server_live)
@@ -187,7 +189,7 @@ def test_server_and_model_metadata() -> None:
                 await call(client.get_model_metadata, "echo", "7")
             assert info.value.status() == "StatusCode.NOT_FOUND"
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 # -- ModelInfer ---------------------------------------------------------------------------------
@@ -205,7 +207,7 @@ ARRAYS = [
 ]
 
 
-def test_infer_echoes_numpy_inputs_bit_for_bit() -> None:
+def test_infer_echoes_numpy_inputs_bit_for_bit(event_loop_kind: str) -> None:
     """Every input back as ``output_<i>``, sent and returned as raw contents."""
 
     async def run() -> None:
@@ -229,10 +231,10 @@ def test_infer_echoes_numpy_inputs_bit_for_bit() -> None:
                     assert got.dtype == array.dtype
                     assert got.tobytes() == array.tobytes()
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_infer_returns_only_the_outputs_asked_for() -> None:
+def test_infer_returns_only_the_outputs_asked_for(event_loop_kind: str) -> None:
     async def run() -> None:
         async with triton() as (_, client):
             inputs = [_input(f"in{i}", a, dt) for i, (dt, a) in enumerate(ARRAYS[:3])]
@@ -242,7 +244,7 @@ def test_infer_returns_only_the_outputs_asked_for() -> None:
             assert names == ["output_2", "output_0"]
             assert result.as_numpy("output_0").tobytes() == ARRAYS[0][1].tobytes()
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 CONTENTS = [
@@ -280,7 +282,7 @@ def test_infer_reads_typed_contents(
 # -- ModelStreamInfer: a decoupled model's token stream -------------------------------------
 
 
-def test_stream_infer_delivers_the_token_stream_whole_and_in_order() -> None:
+def test_stream_infer_delivers_the_token_stream_whole_and_in_order(event_loop_kind: str) -> None:
     """One response per chunk, in order, then Triton's empty final response; a second
     request on the same stream, cut by ``max_tokens``, likewise."""
 
@@ -321,10 +323,10 @@ def test_stream_infer_delivers_the_token_stream_whole_and_in_order() -> None:
             await call(client.stop_stream)
             assert await wait_until(lambda: running.service.active_streams == 0)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_stream_infer_without_the_final_flag_sends_the_chunks_only() -> None:
+def test_stream_infer_without_the_final_flag_sends_the_chunks_only(event_loop_kind: str) -> None:
     """As Triton: no ``triton_final_response`` unless asked; the last chunk ends the stream."""
 
     async def run() -> None:
@@ -343,10 +345,10 @@ def test_stream_infer_without_the_final_flag_sends_the_chunks_only() -> None:
             await call(client.stop_stream)
             assert answers.queue.empty()
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_stream_infer_answers_the_echo_model_once() -> None:
+def test_stream_infer_answers_the_echo_model_once(event_loop_kind: str) -> None:
     async def run() -> None:
         async with triton() as (_, client):
             answers = Answers()
@@ -357,10 +359,10 @@ def test_stream_infer_answers_the_echo_model_once() -> None:
             (result,) = await answers.until_final()
             assert result.as_numpy("output_0").tobytes() == array.tobytes()
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_bad_requests_raise_and_the_server_still_serves() -> None:
+def test_bad_requests_raise_and_the_server_still_serves(event_loop_kind: str) -> None:
     """A refused ``ModelInfer`` is an InferenceServerException with the call's status; a
     refused stream request is an error for that request, and the stream goes on."""
 
@@ -388,7 +390,7 @@ def test_bad_requests_raise_and_the_server_still_serves() -> None:
             result = await call(client.infer, "echo", [_input("x", array, "FP64")])
             assert result.as_numpy("output_0").tobytes() == array.tobytes()
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
 # -- hostile requests, from a plain channel -------------------------------------------------
@@ -589,7 +591,7 @@ def test_a_bad_stream_request_is_answered_with_an_error_and_the_stream_goes_on(c
     asyncio.run(run())
 
 
-def test_bytes_that_are_no_request_are_invalid_argument() -> None:
+def test_bytes_that_are_no_request_are_invalid_argument(event_loop_kind: str) -> None:
     """Unary: the call fails; stream: the call ends. Either way the server goes on."""
 
     async def run() -> None:
@@ -603,10 +605,10 @@ def test_bytes_that_are_no_request_are_invalid_argument() -> None:
                 assert await call.code() == grpc.StatusCode.INVALID_ARGUMENT
                 await _assert_echoes(channel)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)
 
 
-def test_a_client_that_leaves_mid_stream_frees_the_handler() -> None:
+def test_a_client_that_leaves_mid_stream_frees_the_handler(event_loop_kind: str) -> None:
     """A paced stream cancelled after two chunks: the service's stream ends, the server goes
     on serving."""
 
@@ -625,4 +627,4 @@ def test_a_client_that_leaves_mid_stream_frees_the_handler() -> None:
             async with _Channel(running.address) as channel:
                 await _assert_echoes(channel)
 
-    asyncio.run(run())
+    loops.run(run(), event_loop_kind)

@@ -4,8 +4,9 @@ completions, ``/v1/models``, ``stream_options.include_usage``, OpenAI's error ob
 inferwire's extensions, asked for or not.
 
 Sync clients talk to ``inferwire serve`` child processes on loopback; async ones to servers
-in the test's own event loop. Expected tokens are what a local service makes of the same
-seeded workload.
+in the test's own event loop. Both run on asyncio's loop and on uvloop (``event_loop_kind``,
+tests/conftest.py): the child processes with ``--loop``, the async tests in a loop of that
+kind. Expected tokens are what a local service makes of the same seeded workload.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire.transports import loops
 from inferwire.transports.openai_api import ApiError, chat_request_body, parse_request
 from inferwire.workloads import MODEL, token_stream_source
 from tests.fault_helpers import MESSAGES, ServerProcess, server_process, serving
@@ -52,8 +54,8 @@ def usage_of(chunks: list[ic.TokenChunk]) -> tuple[int, int]:
     return usage.prompt_tokens, usage.completion_tokens
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(asyncio.wait_for(coro, CALL_TIMEOUT_S))
+def run(coro: Coroutine[Any, Any, T], loop: str) -> T:
+    return loops.run(asyncio.wait_for(coro, CALL_TIMEOUT_S), loop)
 
 
 def _http_client(transport: str) -> httpx.Client:
@@ -71,12 +73,15 @@ def _sdk_http_client(transport: str) -> openai.DefaultHttpxClient:
 
 
 @pytest.fixture(scope="module")
-def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
+def processes(
+    tmp_path_factory: pytest.TempPathFactory, event_loop_kind: str
+) -> Iterator[dict[str, ServerProcess]]:
     folder = tmp_path_factory.mktemp("openai-servers")
+    args = ["--host", "127.0.0.1", "--loop", event_loop_kind]
     with contextlib.ExitStack() as stack:
         yield {
             transport: stack.enter_context(
-                server_process(transport, "orjson", ["--host", "127.0.0.1"], folder / transport)
+                server_process(transport, "orjson", args, folder / transport)
             )
             for transport in HTTP
         }
@@ -214,7 +219,7 @@ def test_max_completion_tokens_cuts_too(client: openai.OpenAI) -> None:
 
 
 @pytest.mark.parametrize("transport", HTTP)
-def test_async_chat_completions(transport: str) -> None:
+def test_async_chat_completions(event_loop_kind: str, transport: str) -> None:
     async def go() -> None:
         async with async_client(transport) as (sdk, _):
             completion = await sdk.chat.completions.create(**chat())
@@ -237,10 +242,10 @@ def test_async_chat_completions(transport: str) -> None:
                 with pytest.raises(openai.LengthFinishReasonError):
                     await helper.get_final_completion()
 
-    run(go())
+    run(go(), event_loop_kind)
 
 
-def test_a_paced_answer_comes_after_its_tokens() -> None:
+def test_a_paced_answer_comes_after_its_tokens(event_loop_kind: str) -> None:
     """Without ``stream``, the answer waits for the whole paced generation."""
 
     async def go() -> None:
@@ -250,7 +255,7 @@ def test_a_paced_answer_comes_after_its_tokens() -> None:
             assert service.streams_started == 1
             assert service.active_streams == 0
 
-    run(go())
+    run(go(), event_loop_kind)
 
 
 # -- inferwire's extensions ---------------------------------------------------------------
@@ -338,7 +343,7 @@ def test_legacy_logprobs_are_the_legacy_shape(client: openai.OpenAI) -> None:
 
 
 @pytest.mark.parametrize("transport", HTTP)
-def test_async_legacy_completions(transport: str) -> None:
+def test_async_legacy_completions(event_loop_kind: str, transport: str) -> None:
     async def go() -> None:
         async with async_client(transport) as (sdk, _):
             completion = await sdk.completions.create(**completion_args())
@@ -348,7 +353,7 @@ def test_async_legacy_completions(transport: str) -> None:
             assert "".join(e.choices[0].text for e in events) == text_of(expected())
             assert events[-1].choices[0].finish_reason == "stop"
 
-    run(go())
+    run(go(), event_loop_kind)
 
 
 # -- models -------------------------------------------------------------------------------
@@ -366,7 +371,7 @@ def test_models_list_and_retrieve(client: openai.OpenAI) -> None:
 
 
 @pytest.mark.parametrize("transport", HTTP)
-def test_async_models(transport: str) -> None:
+def test_async_models(event_loop_kind: str, transport: str) -> None:
     async def go() -> None:
         async with async_client(transport) as (sdk, _):
             assert [m.id async for m in sdk.models.list()] == [MODEL]
@@ -374,7 +379,7 @@ def test_async_models(transport: str) -> None:
             with pytest.raises(openai.NotFoundError):
                 await sdk.models.retrieve("nope")
 
-    run(go())
+    run(go(), event_loop_kind)
 
 
 # -- errors -------------------------------------------------------------------------------
@@ -414,7 +419,7 @@ def test_bad_requests_are_the_sdks_error_types(
 
 
 @pytest.mark.parametrize("transport", HTTP)
-def test_async_bad_request(transport: str) -> None:
+def test_async_bad_request(event_loop_kind: str, transport: str) -> None:
     async def go() -> None:
         async with async_client(transport) as (sdk, service):
             with pytest.raises(openai.NotFoundError):
@@ -423,7 +428,7 @@ def test_async_bad_request(transport: str) -> None:
                 await sdk.completions.create(**completion_args(prompt=["a", "b"]))
             assert service.streams_started == 0
 
-    run(go())
+    run(go(), event_loop_kind)
 
 
 RAW_ERRORS = [
@@ -562,10 +567,12 @@ async def _post(transport: str, codec: str, body: dict[str, Any], accept: str) -
 
 @pytest.mark.parametrize("transport", HTTP)
 @pytest.mark.parametrize("codec", JSON_CODECS)
-def test_the_default_stream_has_only_the_fields_vllm_sends(transport: str, codec: str) -> None:
+def test_the_default_stream_has_only_the_fields_vllm_sends(
+    event_loop_kind: str, transport: str, codec: str
+) -> None:
     want = expected("stream-16-top5")
     body = {"messages": MESSAGES, "stream": True, "workload": "stream-16-top5"}
-    response = run(_post(transport, codec, body, "application/json"))
+    response = run(_post(transport, codec, body, "application/json"), event_loop_kind)
     assert response.headers["content-type"] == "text/event-stream"
     events = sse_events(response.content)
     assert len(events) == len(want)
@@ -581,7 +588,8 @@ def test_the_default_stream_has_only_the_fields_vllm_sends(transport: str, codec
             codec,
             {**body, "stream_options": {"include_usage": True}},
             "text/event-stream",
-        )
+        ),
+        event_loop_kind,
     )
     *tokens, last = sse_events(with_usage.content)
     assert tokens == events
@@ -597,12 +605,13 @@ def test_the_default_stream_has_only_the_fields_vllm_sends(transport: str, codec
 
 @pytest.mark.parametrize("transport", HTTP)
 @pytest.mark.parametrize("codec", JSON_CODECS)
-def test_our_clients_stream_proves_itself(transport: str, codec: str) -> None:
+def test_our_clients_stream_proves_itself(event_loop_kind: str, transport: str, codec: str) -> None:
     """With the extensions inferwire's clients ask for, the body is the codec's own stream:
     it decodes chunk for chunk and passes the stream check."""
     request = it.GenerateRequest(workload="stream-16-top5")
     response = run(
-        _post(transport, codec, orjson.loads(chat_request_body(request)), "text/event-stream")
+        _post(transport, codec, orjson.loads(chat_request_body(request)), "text/event-stream"),
+        event_loop_kind,
     )
     decoder = ic.get(codec).stream_decoder()
     chunks = decoder.feed(response.content)
@@ -615,7 +624,7 @@ def test_our_clients_stream_proves_itself(transport: str, codec: str) -> None:
 
 
 @pytest.mark.parametrize("transport", HTTP)
-def test_a_binary_codec_server_speaks_json_to_the_sdk(transport: str) -> None:
+def test_a_binary_codec_server_speaks_json_to_the_sdk(event_loop_kind: str, transport: str) -> None:
     """The OpenAI API is JSON whatever the server's codec: its own frames go only to a client
     that asks for them by name (inferwire's clients, see test_transports)."""
 
@@ -627,7 +636,7 @@ def test_a_binary_codec_server_speaks_json_to_the_sdk(transport: str) -> None:
             completion = await sdk.chat.completions.create(**chat())
             check_completion(completion, expected(), "stop")
 
-    run(go())
+    run(go(), event_loop_kind)
     codec = ic.get("protobuf")
     frames = run(
         _post(
@@ -635,7 +644,8 @@ def test_a_binary_codec_server_speaks_json_to_the_sdk(transport: str) -> None:
             "protobuf",
             {"messages": MESSAGES, "stream": True, **WORKLOAD},
             f"{codec.stream_media_type}, */*;q=0.1",
-        )
+        ),
+        event_loop_kind,
     )
     assert frames.headers["content-type"] == codec.stream_media_type
     decoder = codec.stream_decoder()

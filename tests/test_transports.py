@@ -1,8 +1,14 @@
-"""Every transport with every codec, end to end, against ``inferwire serve`` subprocesses.
+"""Every transport with every codec, end to end, against ``inferwire serve`` subprocesses,
+on both event loops.
 
 The servers are ``python -m inferwire.transports.serve serve`` processes, started once per
-(transport, codec, tls) for the session on a free port of 127.0.0.1; the tests are clients in
-this process. What a stream should carry is what a local :class:`SimulatedService` over the
+(transport, codec, tls, loop) on a free port of 127.0.0.1; the tests are clients in this
+process. Every case runs twice (the ``event_loop_kind`` fixture of ``tests/conftest.py``): with
+servers and client on asyncio's own loop, and with both on uvloop (``serve --loop uvloop``, the
+client in a uvloop loop), the whole matrix each time: it costs about as much again as one loop
+(the servers of one loop start together and stop before the other's start), which the suite's
+time allows. Each server's announcement and each client's running loop are checked to be the
+kind the case names. What a stream should carry is what a local :class:`SimulatedService` over the
 same workload source says, chunk for chunk; unary inference must echo its tensors bitwise.
 Independent clients (the OpenAI SDK, httpx over h2c) check that the HTTP servers speak the
 protocols and not just our own clients' dialect of them.
@@ -35,10 +41,12 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire import workloads
 from inferwire.codecs.delta_codec import DELTA_V2, SUBJECT, DeltaCodec, default_registry
+from inferwire.transports import loops
 from inferwire.transports.grpc_transport import GrpcClient
 from inferwire.transports.http1 import Http1Client
 from inferwire.transports.openai_api import chat_request_body
 from inferwire.transports.registry_client import HttpSchemaResolver, http_resolver
+from inferwire.transports.tcp import OK, OP_INFER, infer_wire_bytes
 from inferwire.workloads import token_stream_source
 
 T = TypeVar("T")
@@ -56,16 +64,24 @@ PROXY_DELAY_MS: Final = 20
 MIN_ADDED_ROUND_TRIP_S: Final = 0.038
 
 SERVICE: Final = it.SimulatedService(token_stream_source)
-_LISTENING: Final = re.compile(r"listening on \[?([^\s\]]+)\]?:(\d+)(?: ca=(\S+))?")
+_LISTENING: Final = re.compile(r"listening on \[?([^\s\]]+)\]?:(\d+)(?: ca=(\S+))? loop=(\w+)")
 
 
 def expected(request: it.GenerateRequest) -> list[ic.TokenChunk]:
     return list(SERVICE.chunks(request))
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a test's client code in a fresh event loop, bounded so a hang fails the test."""
-    return asyncio.run(asyncio.wait_for(coro, CALL_TIMEOUT_S))
+def run(coro: Coroutine[Any, Any, T], loop: str) -> T:
+    """Run a test's client code in a fresh event loop of the kind ``loop`` names (checked),
+    bounded so a hang fails the test."""
+
+    async def bounded() -> T:
+        if loops.running() != loop:
+            coro.close()
+            raise AssertionError(f"the client runs on {loops.running()}, not {loop}")
+        return await asyncio.wait_for(coro, CALL_TIMEOUT_S)
+
+    return loops.run(bounded(), loop)
 
 
 # -- the server processes ------------------------------------------------------------------
@@ -73,12 +89,13 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 @dataclass(frozen=True, slots=True)
 class Listening:
-    """Where a CLI process said it listens, and its test CA if it made one."""
+    """Where a CLI process said it listens, its test CA if it made one, and its loop."""
 
     process: subprocess.Popen[str]
     host: str
     port: int
     ca_path: Path | None
+    loop: str
 
     @property
     def address(self) -> str:
@@ -99,7 +116,7 @@ class CliProcesses:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.processes: list[subprocess.Popen[str]] = []
-        self._servers: dict[tuple[str, str, bool], Listening] = {}
+        self._servers: dict[tuple[str, str, bool, str], Listening] = {}
 
     def spawn(self, *args: str) -> subprocess.Popen[str]:
         log = self.folder / f"{len(self.processes)}-{args[0]}.stderr"
@@ -115,7 +132,7 @@ class CliProcesses:
         return process
 
     def listening(self, process: subprocess.Popen[str]) -> Listening:
-        """Wait for the process's first line: ``listening on HOST:PORT[ ca=PATH]``."""
+        """Wait for the process's first line: ``listening on HOST:PORT[ ca=PATH] loop=KIND``."""
         assert process.stdout is not None
         ready, _, _ = select.select([process.stdout], [], [], STARTUP_TIMEOUT_S)
         line = process.stdout.readline() if ready else ""
@@ -125,35 +142,50 @@ class CliProcesses:
                 f"{process.args!r} did not announce its address (got {line!r}, "
                 f"exit code {process.poll()}): {self.stderr(process)}"
             )
-        host, port, ca = match.groups()
-        return Listening(process, host, int(port), Path(ca) if ca else None)
+        host, port, ca, loop = match.groups()
+        return Listening(process, host, int(port), Path(ca) if ca else None, loop)
 
     def stderr(self, process: subprocess.Popen[str]) -> str:
         index = self.processes.index(process)
         (log,) = self.folder.glob(f"{index}-*.stderr")
         return log.read_text()
 
-    def serve_args(self, transport: str, codec: str, tls: bool) -> list[str]:
+    def serve_args(self, transport: str, codec: str, tls: bool, loop: str) -> list[str]:
         args = ["serve", "--transport", transport, "--codec", codec, "--host", "127.0.0.1"]
+        args += ["--loop", loop]
         if tls:
-            ca = self.folder / f"ca-{transport}-{codec}.pem"
+            ca = self.folder / f"ca-{transport}-{codec}-{loop}.pem"
             args += ["--tls", "--ca-out", str(ca)]
         return args
 
-    def servers(self, keys: list[tuple[str, str, bool]]) -> None:
+    def servers(self, keys: list[tuple[str, str, bool, str]]) -> None:
         """Start the servers of ``keys`` not yet running, all at once, and wait for each."""
         todo = [key for key in dict.fromkeys(keys) if key not in self._servers]
         started = [self.spawn(*self.serve_args(*key)) for key in todo]
         for key, process in zip(todo, started, strict=True):
-            self._servers[key] = self.listening(process)
+            listening = self.listening(process)
+            assert listening.loop == key[-1], f"{process.args!r} runs on {listening.loop}"
+            self._servers[key] = listening
 
-    def server(self, transport: str, codec: str, *, tls: bool = False) -> Listening:
-        self.servers([(transport, codec, tls)])
-        return self._servers[transport, codec, tls]
+    def server(self, transport: str, codec: str, *, tls: bool, loop: str) -> Listening:
+        self.servers([(transport, codec, tls, loop)])
+        return self._servers[transport, codec, tls, loop]
 
-    def proxy(self, upstream: str, *, delay_ms: float) -> Listening:
-        args = ["proxy", "--upstream", upstream, "--delay-ms", str(delay_ms)]
-        return self.listening(self.spawn(*args, "--listen", "127.0.0.1:0"))
+    def proxy(self, upstream: str, *, delay_ms: float, loop: str) -> Listening:
+        args = ["proxy", "--upstream", upstream, "--delay-ms", str(delay_ms), "--loop", loop]
+        listening = self.listening(self.spawn(*args, "--listen", "127.0.0.1:0"))
+        assert listening.loop == loop, f"the proxy runs on {listening.loop}"
+        return listening
+
+    def stop_servers(self, loop: str) -> list[str]:
+        """Stop the cached servers of ``loop`` (all signalled first); the ones that needed
+        SIGKILL."""
+        keys = [key for key in self._servers if key[-1] == loop]
+        stopping = [self._servers.pop(key).process for key in keys]
+        for process in stopping:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        return [f"{p.args!r} ignored SIGTERM" for p in stopping if not self._reap(p)]
 
     def stop(self, process: subprocess.Popen[str]) -> bool:
         """SIGTERM, then SIGKILL if it outlives the timeout; whether SIGTERM was enough."""
@@ -191,11 +223,30 @@ def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliProcesses
     assert cli.stop_all() == []
 
 
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The server processes of one kind of loop, and client code run on a loop of that kind."""
+
+    cli: CliProcesses
+    loop: str
+
+    def server(self, transport: str, codec: str, *, tls: bool = False) -> Listening:
+        return self.cli.server(transport, codec, tls=tls, loop=self.loop)
+
+    def proxy(self, upstream: str, *, delay_ms: float) -> Listening:
+        return self.cli.proxy(upstream, delay_ms=delay_ms, loop=self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return run(coro, self.loop)
+
+
 @pytest.fixture(scope="session")
-def servers(processes: CliProcesses) -> CliProcesses:
-    """Every transport x codec in plain TCP, started together (startup runs in parallel)."""
-    processes.servers([(t, c, False) for t in it.TRANSPORTS for c in CODECS])
-    return processes
+def servers(processes: CliProcesses, event_loop_kind: str) -> Iterator[Fleet]:
+    """Every transport x codec in plain TCP on one kind of loop, started together (startup
+    runs in parallel), stopped before the other kind's start."""
+    processes.servers([(t, c, False, event_loop_kind) for t in it.TRANSPORTS for c in CODECS])
+    yield Fleet(processes, event_loop_kind)
+    assert processes.stop_servers(event_loop_kind) == []
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -249,10 +300,10 @@ def assert_echoed(response: ic.InferResponse, request: ic.InferRequest) -> None:
 
 @pytest.mark.parametrize("codec", STREAM_CODECS)
 @pytest.mark.parametrize("transport", it.TRANSPORTS)
-def test_stream_equals_the_service(servers: CliProcesses, transport: str, codec: str) -> None:
+def test_stream_equals_the_service(servers: Fleet, transport: str, codec: str) -> None:
     server = servers.server(transport, codec)
     request = it.GenerateRequest(workload="stream-256", seed=7)
-    chunks = run(stream_once(transport, server.address, codec, request))
+    chunks = servers.run(stream_once(transport, server.address, codec, request))
     assert len(chunks) == 256
     assert chunks == expected(request)
 
@@ -272,23 +323,47 @@ RICH_STREAMS: Final = [
 
 @pytest.mark.parametrize(("transport", "codec", "workload"), RICH_STREAMS)
 def test_rich_stream_equals_the_service(
-    servers: CliProcesses, transport: str, codec: str, workload: str
+    servers: Fleet, transport: str, codec: str, workload: str
 ) -> None:
     server = servers.server(transport, codec)
     # the OpenAI API answers for the models it serves only (another is a 404: test_openai_api)
     model = workloads.MODEL if transport.startswith("http") else "served-model"
     request = it.GenerateRequest(workload=workload, seed=1, model=model)
-    chunks = run(stream_once(transport, server.address, codec, request))
+    chunks = servers.run(stream_once(transport, server.address, codec, request))
     assert chunks == expected(request)
     assert {chunk.model for chunk in chunks} == {model}
 
 
 @pytest.mark.parametrize("codec", INFER_CODECS)
 @pytest.mark.parametrize("transport", it.TRANSPORTS)
-def test_infer_echoes_bitwise(servers: CliProcesses, transport: str, codec: str) -> None:
+def test_infer_echoes_bitwise(servers: Fleet, transport: str, codec: str) -> None:
     server = servers.server(transport, codec)
     request = infer_request()
-    assert_echoed(run(infer_once(transport, server.address, codec, request)), request)
+    assert_echoed(servers.run(infer_once(transport, server.address, codec, request)), request)
+
+
+@pytest.mark.parametrize("codec", ["protobuf", "orjson"])
+def test_tcp_infer_wire_bytes_are_what_the_server_exchanges(servers: Fleet, codec: str) -> None:
+    """``tcp.infer_wire_bytes``, the byte counts of the bench's raw echo floor, against a
+    request written by hand in the wire format and the answer read to its end."""
+    server = servers.server("tcp", codec)
+    request = infer_request()
+    body = ic.get(codec).encode(request)
+    sent, answered = infer_wire_bytes(ic.get(codec), request, SERVICE.infer(request))
+
+    async def exchange() -> bytes:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        try:
+            writer.write(OP_INFER + len(body).to_bytes(4, "big") + body)
+            head = await reader.readexactly(5)
+            return head + await reader.readexactly(int.from_bytes(head[1:], "big"))
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    answer = servers.run(exchange())
+    assert answer[:1] == OK
+    assert (sent, answered) == (5 + len(body), len(answer))
 
 
 def test_codec_coverage() -> None:
@@ -300,7 +375,7 @@ def test_codec_coverage() -> None:
 
 @pytest.mark.parametrize("transport", it.TRANSPORTS)
 def test_stream_from_a_codec_without_token_chunks_fails_promptly(
-    servers: CliProcesses, transport: str
+    servers: Fleet, transport: str
 ) -> None:
     """A server whose codec cannot encode a chunk fails the call: an error, not a short
     stream, and not a stream left open until the client's read timeout."""
@@ -308,7 +383,7 @@ def test_stream_from_a_codec_without_token_chunks_fails_promptly(
     request = it.GenerateRequest(workload="stream-16")
     limits = it.Limits(timeout_s=10.0)
     with pytest.raises(it.TransportError) as raised:
-        run(stream_once(transport, server.address, "tensor", request, limits=limits))
+        servers.run(stream_once(transport, server.address, "tensor", request, limits=limits))
     assert not isinstance(raised.value, it.TransportTimeoutError)
 
 
@@ -323,46 +398,51 @@ TLS_CASES: Final = [
 
 
 @pytest.fixture(scope="session")
-def tls_servers(processes: CliProcesses) -> CliProcesses:
-    processes.servers([(t, c, True) for t, c in TLS_CASES])
-    return processes
+def tls_servers(servers: Fleet) -> Fleet:
+    """The TLS servers of ``servers``' loop (stopped with them)."""
+    servers.cli.servers([(t, c, True, servers.loop) for t, c in TLS_CASES])
+    return servers
 
 
 @pytest.mark.parametrize(("transport", "codec"), TLS_CASES)
-def test_tls_with_the_servers_ca(tls_servers: CliProcesses, transport: str, codec: str) -> None:
+def test_tls_with_the_servers_ca(tls_servers: Fleet, transport: str, codec: str) -> None:
     server = tls_servers.server(transport, codec, tls=True)
     tls = server.client_tls()
     request = it.GenerateRequest(workload="stream-256", seed=2)
-    assert run(stream_once(transport, server.address, codec, request, tls=tls)) == expected(request)
+    assert tls_servers.run(
+        stream_once(transport, server.address, codec, request, tls=tls)
+    ) == expected(request)
     unary = infer_request()
-    assert_echoed(run(infer_once(transport, server.address, codec, unary, tls=tls)), unary)
+    assert_echoed(
+        tls_servers.run(infer_once(transport, server.address, codec, unary, tls=tls)), unary
+    )
 
 
 @pytest.mark.parametrize(("transport", "codec"), TLS_CASES)
 def test_tls_refuses_a_server_outside_the_trusted_ca(
-    tls_servers: CliProcesses, transport: str, codec: str
+    tls_servers: Fleet, transport: str, codec: str
 ) -> None:
     server = tls_servers.server(transport, codec, tls=True)
     _, other_ca = it.make_test_certificates()
     with pytest.raises(it.ConnectError):
-        run(infer_once(transport, server.address, codec, infer_request(), tls=other_ca))
+        tls_servers.run(infer_once(transport, server.address, codec, infer_request(), tls=other_ca))
 
 
 @pytest.mark.parametrize(("transport", "codec"), TLS_CASES)
 def test_plaintext_client_to_a_tls_server_fails(
-    tls_servers: CliProcesses, transport: str, codec: str
+    tls_servers: Fleet, transport: str, codec: str
 ) -> None:
     server = tls_servers.server(transport, codec, tls=True)
     request = it.GenerateRequest(workload="stream-16")
     with pytest.raises(it.TransportError):
-        run(stream_once(transport, server.address, codec, request))
+        tls_servers.run(stream_once(transport, server.address, codec, request))
 
 
 # -- independent HTTP clients --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("codec", SSE_CODECS)
-def test_openai_sdk_reads_the_stream(servers: CliProcesses, codec: str) -> None:
+def test_openai_sdk_reads_the_stream(servers: Fleet, codec: str) -> None:
     server = servers.server("http1", codec)
     want = expected(it.GenerateRequest(workload="stream-256"))
     with openai.OpenAI(
@@ -400,7 +480,7 @@ def _decode_sse(body: bytes) -> list[ic.TokenChunk]:
     return chunks
 
 
-def test_httpx_h2c_reads_the_sse_stream(servers: CliProcesses) -> None:
+def test_httpx_h2c_reads_the_sse_stream(servers: Fleet) -> None:
     server = servers.server("http2", "orjson")
     request = it.GenerateRequest(workload="stream-256", seed=4)
 
@@ -414,7 +494,7 @@ def test_httpx_h2c_reads_the_sse_stream(servers: CliProcesses) -> None:
             await response.aclose()
             return response
 
-    response = run(fetch())
+    response = servers.run(fetch())
     assert response.http_version == "HTTP/2"
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/event-stream"
@@ -422,7 +502,7 @@ def test_httpx_h2c_reads_the_sse_stream(servers: CliProcesses) -> None:
     assert _decode_sse(response.content) == expected(request)
 
 
-def test_httpx_multiplexes_streams_on_one_connection(servers: CliProcesses) -> None:
+def test_httpx_multiplexes_streams_on_one_connection(servers: Fleet) -> None:
     server = servers.server("http2", "orjson")
     requests = [it.GenerateRequest(workload="stream-256", seed=seed) for seed in range(6)]
 
@@ -446,7 +526,7 @@ def test_httpx_multiplexes_streams_on_one_connection(servers: CliProcesses) -> N
                 bodies = await asyncio.gather(*(r.aread() for r in responses))
             return list(zip(responses, bodies, strict=True))
 
-    answers = run(fetch_together())
+    answers = servers.run(fetch_together())
     assert {id(r.extensions["network_stream"]) for r, _ in answers} == {
         id(answers[0][0].extensions["network_stream"])
     }
@@ -459,11 +539,9 @@ def test_httpx_multiplexes_streams_on_one_connection(servers: CliProcesses) -> N
 # -- the WAN-delay proxy -------------------------------------------------------------------
 
 
-def test_proxy_adds_its_delay_to_each_round_trip(
-    servers: CliProcesses, processes: CliProcesses
-) -> None:
+def test_proxy_adds_its_delay_to_each_round_trip(servers: Fleet) -> None:
     server = servers.server("tcp", "protobuf")
-    proxy = processes.proxy(server.address, delay_ms=PROXY_DELAY_MS)
+    proxy = servers.proxy(server.address, delay_ms=PROXY_DELAY_MS)
     request = infer_request()
 
     async def round_trips(address: str) -> list[float]:
@@ -477,25 +555,23 @@ def test_proxy_adds_its_delay_to_each_round_trip(
                 assert_echoed(response, request)
             return seconds
 
-    direct = run(round_trips(server.address))
-    proxied = run(round_trips(proxy.address))
+    direct = servers.run(round_trips(server.address))
+    proxied = servers.run(round_trips(proxy.address))
     assert min(proxied) - min(direct) >= MIN_ADDED_ROUND_TRIP_S
     assert statistics.median(proxied) < 2.0
 
 
-def test_stream_through_the_proxy_is_complete(
-    servers: CliProcesses, processes: CliProcesses
-) -> None:
+def test_stream_through_the_proxy_is_complete(servers: Fleet) -> None:
     server = servers.server("tcp", "msgpack")
-    proxy = processes.proxy(server.address, delay_ms=PROXY_DELAY_MS)
+    proxy = servers.proxy(server.address, delay_ms=PROXY_DELAY_MS)
     request = it.GenerateRequest(workload="stream-256", seed=5)
-    assert run(stream_once("tcp", proxy.address, "msgpack", request)) == expected(request)
+    assert servers.run(stream_once("tcp", proxy.address, "msgpack", request)) == expected(request)
 
 
 # -- the schema registry over HTTP ---------------------------------------------------------
 
 
-def test_delta_reader_resolves_the_writer_schema_over_http(servers: CliProcesses) -> None:
+def test_delta_reader_resolves_the_writer_schema_over_http(servers: Fleet) -> None:
     server = servers.server("http1", "delta")
     resolver = http_resolver(server.url)
     # each reader's own registry is empty: it registers its reader schema as id 1, while
@@ -511,13 +587,13 @@ def test_delta_reader_resolves_the_writer_schema_over_http(servers: CliProcesses
             for request in requests
         ]
 
-    streams = run(read_all())
+    streams = servers.run(read_all())
     assert streams == [expected(request) for _ in readers for request in requests]
     assert resolver.lookups == 1
 
 
 @pytest.mark.parametrize("transport", ["http1", "http2"])
-def test_registry_routes(servers: CliProcesses, transport: str) -> None:
+def test_registry_routes(servers: Fleet, transport: str) -> None:
     server = servers.server(transport, "orjson")
 
     async def get_all() -> list[httpx.Response]:
@@ -528,7 +604,7 @@ def test_registry_routes(servers: CliProcesses, transport: str) -> None:
             paths = ["/schemas/ids/2", "/schemas/ids/999", f"/subjects/{SUBJECT}/versions"]
             return [await client.get(path) for path in paths]
 
-    schema, missing, versions = run(get_all())
+    schema, missing, versions = servers.run(get_all())
     assert schema.status_code == 200
     document = schema.json()
     assert document["schemaType"] == "PROTOBUF"
@@ -539,7 +615,7 @@ def test_registry_routes(servers: CliProcesses, transport: str) -> None:
     assert versions.json() == default_registry().versions(SUBJECT) == [1, 2, 3]
 
 
-def test_http_resolver_unknown_id(servers: CliProcesses) -> None:
+def test_http_resolver_unknown_id(servers: Fleet) -> None:
     server = servers.server("http1", "delta")
     resolver = http_resolver(server.url)
     assert resolver.resolve(2) == DELTA_V2
@@ -556,7 +632,7 @@ def _closed_port() -> int:
     return port
 
 
-def test_unreachable_registry(servers: CliProcesses) -> None:
+def test_unreachable_registry(servers: Fleet) -> None:
     url = f"http://127.0.0.1:{_closed_port()}"
     with pytest.raises(ic.SchemaRegistryUnavailableError):
         HttpSchemaResolver(url, timeout_s=10).resolve(2)
@@ -565,7 +641,7 @@ def test_unreachable_registry(servers: CliProcesses) -> None:
     reader = DeltaCodec(registry=ic.SchemaRegistry(), resolver=http_resolver(url))
     request = it.GenerateRequest(workload="stream-16")
     with pytest.raises(it.TransportError) as raised:
-        run(stream_once("http1", server.address, reader, request))
+        servers.run(stream_once("http1", server.address, reader, request))
     assert isinstance(raised.value.__cause__, ic.SchemaRegistryUnavailableError)
 
 
@@ -574,7 +650,7 @@ def test_unreachable_registry(servers: CliProcesses) -> None:
 
 @pytest.mark.parametrize(("new_connection_per_request", "opened"), [(False, 1), (True, 5)])
 def test_http1_pool_reuses_one_connection(
-    servers: CliProcesses, new_connection_per_request: bool, opened: int
+    servers: Fleet, new_connection_per_request: bool, opened: int
 ) -> None:
     server = servers.server("http1", "orjson")
     stream_request = it.GenerateRequest(workload="stream-256", seed=6)
@@ -596,7 +672,7 @@ def test_http1_pool_reuses_one_connection(
                     assert chunks == expected(stream_request)
             return client.connections_opened
 
-    assert run(five_in_turn()) == opened
+    assert servers.run(five_in_turn()) == opened
 
 
 SESSION_REQUESTS: Final = [
@@ -609,7 +685,7 @@ SESSION_REQUESTS: Final = [
 
 
 @pytest.mark.parametrize("codec", ["protobuf", "msgspec-json", "delta"])
-def test_grpc_session_serves_requests_in_turn(servers: CliProcesses, codec: str) -> None:
+def test_grpc_session_serves_requests_in_turn(servers: Fleet, codec: str) -> None:
     server = servers.server("grpc", codec)
 
     async def in_turn() -> list[list[ic.TokenChunk]]:
@@ -618,17 +694,21 @@ def test_grpc_session_serves_requests_in_turn(servers: CliProcesses, codec: str)
             async with client.session() as session:
                 return [[c async for c in session.generate(r)] for r in SESSION_REQUESTS]
 
-    assert run(in_turn()) == [expected(request) for request in SESSION_REQUESTS]
+    assert servers.run(in_turn()) == [expected(request) for request in SESSION_REQUESTS]
 
 
 # -- shutdown ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("transport", it.TRANSPORTS)
-def test_server_exits_cleanly_on_sigterm(processes: CliProcesses, transport: str) -> None:
+def test_server_exits_cleanly_on_sigterm(
+    processes: CliProcesses, event_loop_kind: str, transport: str
+) -> None:
     """SIGTERM with a client still connected: exit code 0, nothing on stderr."""
-    process = processes.spawn(*processes.serve_args(transport, "protobuf", tls=False))
+    args = processes.serve_args(transport, "protobuf", tls=False, loop=event_loop_kind)
+    process = processes.spawn(*args)
     server = processes.listening(process)
+    assert server.loop == event_loop_kind
     request = it.GenerateRequest(workload="stream-16")
 
     async def stop_while_connected() -> list[ic.TokenChunk]:
@@ -638,13 +718,15 @@ def test_server_exits_cleanly_on_sigterm(processes: CliProcesses, transport: str
             await asyncio.to_thread(process.wait, STOP_TIMEOUT_S)
             return chunks
 
-    assert run(stop_while_connected()) == expected(request)
+    assert run(stop_while_connected(), event_loop_kind) == expected(request)
     processes.stop(process)
     assert (process.returncode, processes.stderr(process)) == (0, "")
 
 
 @pytest.mark.parametrize("transport", it.TRANSPORTS)
-def test_server_stops_after_serve_forever_was_cancelled(transport: str) -> None:
+def test_server_stops_after_serve_forever_was_cancelled(
+    event_loop_kind: str, transport: str
+) -> None:
     """``serve_forever`` runs until cancelled; ``stop`` afterwards must still work (the
     order an application's shutdown naturally takes)."""
 
@@ -659,19 +741,19 @@ def test_server_stops_after_serve_forever_was_cancelled(transport: str) -> None:
             await serving
         await server.stop()
 
-    run(serve_cancel_stop())
+    run(serve_cancel_stop(), event_loop_kind)
 
 
-def test_proxy_exits_cleanly_on_sigterm(servers: CliProcesses, processes: CliProcesses) -> None:
+def test_proxy_exits_cleanly_on_sigterm(servers: Fleet) -> None:
     server = servers.server("tcp", "protobuf")
-    proxy = processes.proxy(server.address, delay_ms=1)
+    proxy = servers.proxy(server.address, delay_ms=1)
     request = it.GenerateRequest(workload="stream-16")
-    assert run(stream_once("tcp", proxy.address, "protobuf", request)) == expected(request)
-    assert processes.stop(proxy.process)
-    assert (proxy.process.returncode, processes.stderr(proxy.process)) == (0, "")
+    assert servers.run(stream_once("tcp", proxy.address, "protobuf", request)) == expected(request)
+    assert servers.cli.stop(proxy.process)
+    assert (proxy.process.returncode, servers.cli.stderr(proxy.process)) == (0, "")
 
 
-def test_http2_client_waits_for_a_stream_past_the_servers_limit() -> None:
+def test_http2_client_waits_for_a_stream_past_the_servers_limit(event_loop_kind: str) -> None:
     """More requests at once than the server's MAX_CONCURRENT_STREAMS (256): the client waits
     for a stream to close (RFC 9113 5.1.2) instead of failing the requests over the limit."""
     from inferwire.transports.http2 import MAX_CONCURRENT_STREAMS
@@ -680,7 +762,7 @@ def test_http2_client_waits_for_a_stream_past_the_servers_limit() -> None:
     wanted = MAX_CONCURRENT_STREAMS + 44
     request = it.GenerateRequest(workload="stream-16", max_tokens=4)
 
-    async def run() -> list[int]:
+    async def past_the_limit() -> list[int]:
         async with serving("http2", decode_s=0.01) as running:
             client = it.connect("http2", running.address, codec="orjson")
             try:
@@ -693,4 +775,4 @@ def test_http2_client_waits_for_a_stream_past_the_servers_limit() -> None:
             finally:
                 await client.close()
 
-    assert asyncio.run(run()) == [4] * wanted
+    assert run(past_the_limit(), event_loop_kind) == [4] * wanted

@@ -196,7 +196,8 @@ def proxy(args: argparse.Namespace) -> int:
 SERVE_DESCRIPTION: Final = """\
 Runs one transport's server for the simulated inference service in this process, until
 SIGINT or SIGTERM. The first line on stdout is "listening on HOST:PORT" (with a generated test
-certificate, also "ca=PATH" of its CA), so a parent that asked for port 0 learns the port.
+certificate, also "ca=PATH" of its CA), then "loop=asyncio" or "loop=uvloop", the event loop
+that runs it, so a parent that asked for port 0 learns the port and can record the loop.
 
 The service streams seeded token chunks of the workload a request names, paced by
 --prefill-ms (time to the first token) and --decode-ms (time per token); with both at 0 a
@@ -206,7 +207,7 @@ PROXY_DESCRIPTION: Final = """\
 A TCP proxy that forwards every chunk it reads --delay-ms after it arrived, in each direction,
 with an optional bandwidth cap: a 20 ms delay makes a round trip about 40 ms longer, like two
 hosts 20 ms apart. Runs until SIGINT or SIGTERM; the first line on stdout is "listening on
-HOST:PORT"."""
+HOST:PORT loop=KIND"."""
 
 
 def add_commands(commands: Commands) -> None:

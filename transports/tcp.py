@@ -138,6 +138,16 @@ class TcpServer(Server):
             await writer.drain()
 
 
+def infer_wire_bytes(
+    codec: ic.Codec, request: ic.InferRequest, response: ic.InferResponse
+) -> tuple[int, int]:
+    """The bytes one infer round trip puts on the wire with ``codec``: the request (head and
+    body) and its answer (status, length, body). A raw echo of these counts is the floor the
+    bench compares a ``tcp`` round trip with."""
+    answer = len(OK) + _LEN.size + len(codec.encode(response))
+    return _HEAD.size + len(codec.encode(request)), answer
+
+
 def _error_status(body: bytes) -> int:
     """The HTTP-style status an error body carries (``{"error": {"code": 413}}``), else 500."""
     try:

@@ -12,7 +12,9 @@ pipelining from either tool), which is what lets bytes be matched to requests: a
 starts with the first client bytes after the previous answer's ``[DONE]``.
 
 The relay copies bytes and looks at them, nothing more; its own cost is one more loopback
-hop, the same for both tools.
+hop, the same for both tools. It runs on the run's event loop (``$INFERWIRE_LOOP``, uvloop
+when installed: :func:`~inferwire.bench.procs.server_process.requested_loop`), like the server
+behind it; ``loop`` says which.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Final
+
+from inferwire.bench.procs.server_process import requested_loop
+from inferwire.transports import loops
 
 READ_BYTES: Final = 65536
 _DATA: Final = b"data:"
@@ -76,7 +81,8 @@ class StreamTap:
         self.address = ""
         self._connections: list[_Connection] = []
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
+        self._loop = loops.new_event_loop(requested_loop())
+        self.loop = loops.kind(self._loop)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._server: asyncio.Server | None = None

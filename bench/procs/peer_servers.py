@@ -7,12 +7,20 @@ theirs (SSE events ending with ``data: [DONE]`` for the JSON codecs; inferwire's
 for the codec's own chunks, extensions included, which is what this app writes). The request is
 parsed and checked as inferwire's OpenAI route does (orjson,
 :func:`~inferwire.transports.openai_api.parse_request`), so the two sides do the same work;
-only the HTTP stack differs. It runs under
+only the HTTP stack differs. It runs as users deploy it:
 
-* uvicorn: HTTP/1.1 parsed by httptools, asyncio loop, one worker, no access log (the usual
-  production settings short of uvloop, which our servers do not use either);
-* Hypercorn: HTTP/2 in cleartext with prior knowledge (h2c). Hypercorn reads the connection
-  preface ``PRI * HTTP/2.0`` on its HTTP/1.1 port and switches to h2, so no TLS is needed.
+* uvicorn: HTTP/1.1 parsed by httptools, uvloop, one worker, no access log (what
+  ``uvicorn[standard]`` picks by itself: ``loop="auto"`` and ``http="auto"`` are uvloop and
+  httptools when installed; here both are named);
+* Hypercorn: HTTP/2 in cleartext with prior knowledge (h2c), on uvloop (its
+  ``worker_class="uvloop"`` runs ``worker_serve`` in a loop from ``uvloop.new_event_loop``;
+  ``hypercorn.asyncio.serve``, used here, takes the loop it is called in, which is made the
+  same way). Hypercorn reads the connection preface ``PRI * HTTP/2.0`` on its HTTP/1.1 port and
+  switches to h2, so no TLS is needed.
+
+``--loop`` (default: ``auto``, uvloop when installed) picks the loop, so the peers run on the
+same loop as the inferwire server they are compared with
+(:func:`~inferwire.bench.procs.server_process.requested_loop`); the announcement names it.
 
 Response headers are the stacks' own defaults (``date``, ``server``, Starlette's
 ``; charset=utf-8`` on ``text/*``): what a user of them sends.
@@ -20,8 +28,8 @@ Response headers are the stacks' own defaults (``date``, ``server``, Starlette's
     python -m inferwire.bench.procs.peer_servers --server uvicorn --codec orjson --port 0
     python -m inferwire.bench.procs.peer_servers --server hypercorn --codec orjson --port 0 --http2
 
-print ``listening on HOST:PORT`` first, like ``inferwire serve``, and stop on SIGTERM or SIGINT.
-:func:`peer` is the :class:`~inferwire.bench.procs.server_process.ServerProcess` for one.
+print ``listening on HOST:PORT loop=KIND`` first, like ``inferwire serve``, and stop on SIGTERM
+or SIGINT. :func:`peer` is the :class:`~inferwire.bench.procs.server_process.ServerProcess` for one.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import orjson
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire.transports import loops
 from inferwire.transports.common import error_body
 from inferwire.transports.openai_api import ApiError, parse_request
 from inferwire.workloads import token_stream_source
@@ -111,7 +120,7 @@ def _listen(host: str, port: int) -> socket.socket:
 def _announce(sock: socket.socket) -> None:
     host, port = sock.getsockname()[:2]
     authority = f"[{host}]" if ":" in host else host
-    print(f"listening on {authority}:{port}", flush=True)
+    print(f"listening on {authority}:{port} loop={loops.running()}", flush=True)
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -145,7 +154,9 @@ async def _serve_uvicorn(app: Starlette, sock: socket.socket) -> None:
     config = uvicorn.Config(
         app,
         http="httptools",
-        loop="asyncio",
+        # informative only: Server.serve runs in the loop it is called in, made by main() of
+        # the kind --loop names (uvicorn.run would make it from this setting the same way)
+        loop=loops.kind(asyncio.get_running_loop()),
         workers=1,
         access_log=False,
         log_level="warning",
@@ -196,6 +207,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--prefill-ms", type=float, default=0.0, help="time to first token")
     parser.add_argument("--decode-ms", type=float, default=0.0, help="time per output token")
+    parser.add_argument(
+        "--loop",
+        choices=loops.LOOPS,
+        default="auto",
+        help="the event loop: auto is uvloop when installed",
+    )
     args = parser.parse_args(argv)
     if args.http2 and args.server != "hypercorn":
         parser.error("--http2: only hypercorn (uvicorn's HTTP/2 needs zttp, not installed here)")
@@ -205,12 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = make_app(service, ic.get(args.codec))
     sock = _listen(args.host, args.port)
     serve = _serve_hypercorn if args.server == "hypercorn" else _serve_uvicorn
-    asyncio.run(serve(app, sock))
+    loops.run(serve(app, sock), args.loop)
     return 0
 
 
 def peer(server: str, codec: str = "orjson", *options: str) -> server_process.ServerProcess:
-    """A peer server (not started; use ``with``), as ``server_process.serve`` is one of ours."""
+    """A peer server (not started; use ``with``), as ``server_process.serve`` is one of ours,
+    on the run's loop unless ``options`` name one."""
     if server not in PEERS:
         raise ValueError(f"unknown peer {server!r}; choose from {', '.join(PEERS)}")
     process = server_process.ServerProcess()
@@ -222,7 +240,7 @@ def peer(server: str, codec: str = "orjson", *options: str) -> server_process.Se
         server,
         "--codec",
         codec,
-        *options,
+        *server_process.with_loop(options),
     ]
     return process
 

@@ -4,6 +4,11 @@ address it prints, stop it after.
 
 A server process shares no interpreter, GIL or event loop with the client that measures it, so
 the client's timings include what a real deployment pays: a socket between two processes.
+
+The event loop of a benchmark run, its servers' and its clients' alike, is
+:func:`requested_loop`: ``$INFERWIRE_LOOP`` (``inferwire bench --loop`` sets it), ``auto``
+when unset. :func:`serve` and :func:`proxy` pass it on as ``--loop``; a started process's
+``loop`` is what the process announced it runs, which is what results record.
 """
 
 from __future__ import annotations
@@ -19,8 +24,27 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-_ADDRESS: Final = re.compile(r"listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)(?: ca=(\S+))?")
+from inferwire.transports import loops
+
+_ADDRESS: Final = re.compile(
+    r"listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)(?: ca=(\S+))?(?: loop=(\w+))?"
+)
 START_TIMEOUT_S: Final = 60.0
+LOOP_ENV: Final = "INFERWIRE_LOOP"
+"""The environment variable that chooses a benchmark run's event loop (``auto``, ``asyncio``
+or ``uvloop``)."""
+
+
+def requested_loop() -> str:
+    """``"asyncio"`` or ``"uvloop"``: the loop ``$INFERWIRE_LOOP`` names (``auto`` when unset)
+    resolved; the one place the bench reads it. An unknown name is a ValueError, uvloop asked
+    for but not installed a :class:`~inferwire.transports.extras.MissingExtraError`."""
+    return loops.resolve(os.environ.get(LOOP_ENV) or "auto")
+
+
+def with_loop(options: tuple[str, ...]) -> tuple[str, ...]:
+    """``options`` with ``--loop`` of :func:`requested_loop`, unless they name one."""
+    return options if "--loop" in options else (*options, "--loop", requested_loop())
 
 
 class ServerProcess:
@@ -32,6 +56,8 @@ class ServerProcess:
         self.host = ""
         self.port = 0
         self.ca_pem: bytes | None = None
+        self.loop = ""
+        """The event loop the process announced it runs (``loop=``), "" if it did not say."""
         self._ca_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -65,6 +91,7 @@ class ServerProcess:
         self.host, self.port = match.group(1), int(match.group(2))
         if match.group(3):
             self.ca_pem = Path(match.group(3)).read_bytes()
+        self.loop = match.group(4) or ""
         return self
 
     def stop(self) -> None:
@@ -101,12 +128,15 @@ class ServerProcess:
 
 
 def serve(transport: str, codec: str, *options: str) -> ServerProcess:
-    """A server of ``transport`` speaking ``codec`` (not started; use ``with``)."""
-    return ServerProcess("serve", "--transport", transport, "--codec", codec, *options)
+    """A server of ``transport`` speaking ``codec`` (not started; use ``with``), on the run's
+    loop unless ``options`` name one."""
+    return ServerProcess("serve", "--transport", transport, "--codec", codec, *with_loop(options))
 
 
 def proxy(upstream: str, delay_ms: float, *options: str) -> ServerProcess:
-    return ServerProcess("proxy", "--upstream", upstream, "--delay-ms", str(delay_ms), *options)
+    return ServerProcess(
+        "proxy", "--upstream", upstream, "--delay-ms", str(delay_ms), *with_loop(options)
+    )
 
 
 def pin_threads(pid: int, core: int) -> None:
@@ -116,6 +146,14 @@ def pin_threads(pid: int, core: int) -> None:
 
     for thread in psutil.Process(pid).threads():
         os.sched_setaffinity(thread.id, {core})
+
+
+def cpu_clock(pid: int) -> int:
+    """The clock id of process ``pid``'s CPU time (every thread's), for
+    ``time.clock_gettime_ns``: nanoseconds where psutil's CPU times count the scheduler's
+    10 ms ticks. Linux's ``MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)``, the id
+    ``clock_getcpuclockid(3)`` returns, which Python does not expose."""
+    return ((~pid) << 3) | 2
 
 
 def split_cores() -> tuple[int, int] | None:

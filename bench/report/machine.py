@@ -23,7 +23,13 @@ def machine_section(raw: dict[str, Any], raw_dir: Path | None = None) -> str:
         f"- CPU: {cpu.get('brand_raw', '?')}, {cpu.get('count', '?')} logical cores, "
         f"{info.get('machine', '?')}",
         f"- Python {info.get('python_version', '?')} ({info.get('python_implementation', '?')}),"
-        f" protobuf backend `{info.get('protobuf_backend', '?')}`",
+        f" protobuf backend `{info.get('protobuf_backend', '?')}`, event loop "
+        f"`{info.get('event_loop', '?')}`"
+        + (
+            f" (`--loop {info['event_loop_requested']}`)"
+            if info.get("event_loop_requested") not in (None, info.get("event_loop"))
+            else ""
+        ),
         "- libraries: " + ", ".join(f"{k} {v}" for k, v in libraries.items()),
     ]
     parts = ["\n".join(lines)]

@@ -40,6 +40,17 @@ class Row:
     ratio_tokens_per_s: float | None = None
     info: dict[str, Any] | None = None
     """The benchmark's whole ``extra_info`` (each figure's repeats, when the run has them)."""
+    server_loop: str = ""
+    """The event loop the server announced it ran on ("" in a run made before it was recorded);
+    for a peer, its baseline's is ``baseline_server_loop``."""
+    baseline_server_loop: str = ""
+    client_loop: str = ""
+
+    def loops_cell(self) -> str:
+        """Where this server's figures (and for a peer, its ratio's baseline) ran."""
+        if self.baseline is None or self.baseline_server_loop in ("", self.server_loop):
+            return self.server_loop or "?"
+        return f"{self.server_loop} (ours: {self.baseline_server_loop})"
 
     def ratio_cell(self) -> str:
         ratio = self.ratio_tokens_per_server_cpu_s
@@ -79,6 +90,9 @@ def rows(results_json_path: str | Path) -> list[Row]:
                 ratio_tokens_per_server_cpu_s=info.get("ratio_tokens_per_server_cpu_s"),
                 ratio_tokens_per_s=info.get("ratio_tokens_per_s"),
                 info=info,
+                server_loop=info.get("server_loop", ""),
+                baseline_server_loop=info.get("baseline_server_loop", ""),
+                client_loop=info.get("loop", ""),
             )
         )
     return table
@@ -95,7 +109,7 @@ def target_rows(raw_dir: Path) -> list[list[str]]:
         ratio = row.ratio_tokens_per_server_cpu_s
         out.append(
             [
-                f"`{row.baseline}` vs {row.stack} ({row.protocol})",
+                f"`{row.baseline}` vs {row.stack} ({row.protocol}, {row.loops_cell()})",
                 "tokens per server CPU-second, paired",
                 row.ratio_cell(),
                 f">= {PEER_TARGET:g}x",
@@ -113,14 +127,18 @@ def section(raw_dir: Path) -> str:
     table = rows(path)
     if not table:
         return ""
+    client_loops = sorted({r.client_loop for r in table if r.client_loop})
     return "\n".join(
         [
             "## Against what users deploy instead",
             "",
             "The same SSE token stream (`stream-256`, `orjson`, no pacing, 16 streams at once) "
             "from our servers and from Starlette's `StreamingResponse` under uvicorn (HTTP/1.1, "
-            "httptools) and Hypercorn (HTTP/2, h2c). Each server is pinned to one core and the "
-            "client to the other. *per core*: output tokens per CPU-second of the server "
+            "httptools) and Hypercorn (HTTP/2, h2c), each as users deploy it: on uvloop when "
+            "it is installed, ours on the same loop (*loop*: the one each server said it ran; "
+            f"the client's: {', '.join(client_loops) or 'not recorded'}). Each server is pinned "
+            "to one core and the client to the other. *per core*: output tokens per CPU-second "
+            "of the server "
             "process. *gap*: time between successive chunks at the client, P50 / P99 in us. "
             "Notes: Hypercorn buffers a stream's output and sends it in frames of up to 16 KiB, "
             "so its tokens arrive in bursts (see its P99 gap and TPOT); ours write every chunk "
@@ -130,6 +148,7 @@ def section(raw_dir: Path) -> str:
                 [
                     "server",
                     "protocol",
+                    "loop",
                     "tokens/s",
                     "per core",
                     "gap P50 / P99",
@@ -141,6 +160,7 @@ def section(raw_dir: Path) -> str:
                     [
                         f"`{r.server}`",
                         r.protocol,
+                        r.loops_cell(),
                         f"{r.tokens_per_s:,.0f}",
                         f"{r.tokens_per_server_cpu_s:,.0f}",
                         f"{r.itl_p50_us:,.1f} / {r.itl_p99_us:,.1f}",

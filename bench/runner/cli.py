@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,11 +21,19 @@ from typing import Any, Final
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire import workloads
+from inferwire.bench.procs.server_process import LOOP_ENV
 from inferwire.bench.report import results
 from inferwire.bench.report.instructions import INSTRUCTIONS_RAW
 from inferwire.bench.runner import merge
-from inferwire.transports import extras, serve
-from inferwire.transports.arguments import CommandError, Commands, Parser, positive, run
+from inferwire.transports import extras, loops, serve
+from inferwire.transports.arguments import (
+    CommandError,
+    Commands,
+    Parser,
+    add_loop_argument,
+    positive,
+    run,
+)
 
 DESCRIPTION: Final = """\
 How much of your inference latency is serialization and transport: benchmarks of codecs and
@@ -109,6 +118,7 @@ def _suite_command(suite: str, json_path: Path, args: argparse.Namespace) -> lis
 def _bench(args: argparse.Namespace) -> int:
     # the suites run in another process: find a missing library before starting it
     extras.require("bench", "inferwire bench")
+    loops.resolve(args.loop)  # uvloop asked for and missing: said before any suite runs
     from inferwire.bench.report import readme
 
     out: Path = args.out
@@ -136,7 +146,11 @@ def _bench(args: argparse.Namespace) -> int:
             # and the commit it names a saved run by are theirs, never the installed package's;
             # the project's pytest settings still apply from a checkout (pytest finds them from
             # the suite's path)
-            completed = subprocess.run(_suite_command(suite, path, args), check=False)
+            completed = subprocess.run(
+                _suite_command(suite, path, args),
+                check=False,
+                env={**os.environ, LOOP_ENV: args.loop},  # every suite, server and client
+            )
             if completed.returncode == 5 and args.filter:
                 print(f"{suite}: nothing matches -k {args.filter!r}; its results are kept")
                 continue
@@ -332,6 +346,7 @@ def build_parser() -> Parser:
         metavar="EXPRESSION",
         help="only benchmarks whose names match (pytest -k), e.g. 'protobuf and stream-256'",
     )
+    add_loop_argument(bench)
     bench.set_defaults(run=_bench)
 
     rep = commands.add_parser(
