@@ -22,6 +22,7 @@ from typing import Any
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench.procs import server_process
+from inferwire.transports import loops
 from inferwire.transports.proxy import DelayProxy
 
 from . import metrics, openloop
@@ -213,11 +214,7 @@ def run_scenario(
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose from {SCENARIOS}")
     with _server(transport, codec) as server:
-        precise = openloop.select_is_safe(transport, [None])
-        with asyncio.Runner(loop_factory=openloop.event_loop_factory(precise)) as runner:
-            point, watched, fault = runner.run(
-                _drive(scenario, transport, codec, server, duration_s)
-            )
+        point, watched, fault = loops.run(_drive(scenario, transport, codec, server, duration_s))
     return row(scenario, transport, codec, point, watched, fault, duration_s)
 
 
@@ -247,6 +244,7 @@ def row(
         "rate_rps": RATE_RPS,
         "duration_s": duration_s,
         "timeout_s": TIMEOUT_S,
+        "loop": point["loop"],
         "fault_started_s": round(fault.started_s, 3),
         "fault_ended_s": round(fault.ended_s, 3),
         "notes": fault.notes,

@@ -65,34 +65,55 @@ class Histogram:
     ``spread``: each value is a gap shared by ``count`` tokens, recorded as ``count`` values of
     ``value / count``. Mean and max are kept exactly, beside the histogram."""
 
-    __slots__ = ("_bucket_bits", "_counts", "_hdr", "_max_ns", "_spread", "_sum_ns", "_values_ns")
+    __slots__ = (
+        "_bucket_bits",
+        "_counted_ns",
+        "_counts",
+        "_hdr",
+        "_max_ns",
+        "_spread",
+        "_sum_ns",
+        "_values_ns",
+    )
 
     def __init__(self, *, spread: bool = False) -> None:
         self._spread = spread
         self._hdr = HdrHistogram(1, HIGHEST_US, SIGNIFICANT_DIGITS)
         self._bucket_bits = int(self._hdr.sub_bucket_count).bit_length() - 1
+        # values of a count of 1 (nearly all: one append each), and values with their counts
         self._values_ns = array("q")
+        self._counted_ns = array("q")
         self._counts = array("q")
         self._sum_ns = 0
         self._max_ns = 0
 
-    def record_ns(self, value_ns: int, count: int = 1) -> None:
-        self._values_ns.append(value_ns)
-        self._counts.append(count)
+    def record_ns(self, value_ns: int) -> None:
+        values_ns = self._values_ns
+        values_ns.append(value_ns)
+        if len(values_ns) >= _FLUSH_AT:
+            self.flush()
+
+    def record_all_ns(self, values_ns: list[int]) -> None:
+        """Each value once."""
+        self._values_ns.fromlist(values_ns)  # fromlist: half the cost of extend
         if len(self._values_ns) >= _FLUSH_AT:
             self.flush()
 
     def record_many_ns(self, values_ns: Sequence[int], counts: Sequence[int]) -> None:
-        self._values_ns.extend(values_ns)
+        self._counted_ns.extend(values_ns)
         self._counts.extend(counts)
-        if len(self._values_ns) >= _FLUSH_AT:
+        if len(self._counted_ns) >= _FLUSH_AT:
             self.flush()
 
     def flush(self) -> None:
-        if not self._values_ns:
+        if not self._values_ns and not self._counted_ns:
             return
-        values_ns = np.frombuffer(self._values_ns, np.int64).clip(0, None)  # none expected < 0
-        counts = np.frombuffer(self._counts, np.int64)
+        counts = np.concatenate(
+            [np.ones(len(self._values_ns), np.int64), np.frombuffer(self._counts, np.int64)]
+        )
+        values_ns = np.concatenate(
+            [np.frombuffer(self._values_ns, np.int64), np.frombuffer(self._counted_ns, np.int64)]
+        ).clip(0, None)  # none expected < 0
         if self._spread:
             values_ns = values_ns // counts
         self._sum_ns += int(np.dot(values_ns, counts))
@@ -106,6 +127,7 @@ class Histogram:
         ):
             self._hdr.record_value(value, int(count))
         self._values_ns = array("q")
+        self._counted_ns = array("q")
         self._counts = array("q")
 
     @property
@@ -268,7 +290,10 @@ class Recorder:
         """The requests that count; ``None``: all of them."""
         self._window_ns = (-_NO_END_NS, _NO_END_NS)
         self.start_ns = 0
-        self.records: list[RequestRecord] = []
+        self.recorded: set[int] = set()
+        """The indices of the requests that have their record (every request, by the end). The
+        records themselves go to ``on_record`` and are not kept: a run of millions of requests
+        would hold them all, and every full pass of the garbage collector would walk them."""
         self.ttft = Histogram()
         self.tpot = Histogram()
         self.itl_per_token = Histogram(spread=True)
@@ -340,7 +365,7 @@ class Recorder:
         if not self.measures(intended_ns):
             return
         if gaps_ns:
-            self.itl_per_chunk.record_many_ns(gaps_ns, [1] * len(gaps_ns))
+            self.itl_per_chunk.record_all_ns(list(gaps_ns))
             self.itl_per_token.record_many_ns(gaps_ns, chunk_tokens)
         self.last_done_ns = max(self.last_done_ns, done_ns)
         self.completed += 1
@@ -376,7 +401,7 @@ class Recorder:
                 self.integrity[kind] += 1
 
     def add_record(self, record: RequestRecord) -> None:
-        self.records.append(record)
+        self.recorded.add(record.index)
         if self.on_record is not None:
             self.on_record(record)
 
