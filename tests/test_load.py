@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped, unused-ignore]
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.loadgen import openloop
+from inferwire.bench.loadgen import metrics, openloop
 from inferwire.bench.loadgen.metrics import Histogram, Recorder, Slo
 from inferwire.bench.procs import server_process
 from inferwire.bench.runner import cli
@@ -144,6 +145,31 @@ def test_histogram_matches_numpy() -> None:
         expected_ms = np.percentile(values_ns, percentile) / 1e6
         assert summary[f"{name}_ms"] == pytest.approx(expected_ms, rel=0.01)
     assert summary["max_ms"] == pytest.approx(values_ns.max() / 1e6, rel=0.002)
+
+
+def test_histogram_buckets_as_hdrh_records_each_value() -> None:
+    """The bucket counts added with numpy hold what hdrh's own record_value of every value
+    (in microseconds, clamped to the range) would: every percentile and the total agree."""
+    rng = np.random.default_rng(5)
+    values_ns = np.concatenate(
+        [
+            rng.lognormal(13, 2.5, size=50_000),  # about 0.4 ms, spread over decades
+            rng.integers(0, 3_000, size=5_000) * 1_000.0,  # the exact buckets below 2,048 us
+            [0, 499, 500, 2_047_499, 2_048_000, 10**16],  # rounding edges, and one past the top
+        ]
+    ).astype(np.int64)
+    histogram = Histogram()
+    histogram.record_all_ns(values_ns.tolist())
+    reference = HdrHistogram(1, metrics.HIGHEST_US, metrics.SIGNIFICANT_DIGITS)
+    for value_us in ((values_ns + 500) // 1000).clip(None, metrics.HIGHEST_US).tolist():
+        reference.record_value(value_us)
+    percentiles = [0, 1, 10, 50, 90, 99, 99.9, 99.99, 100]
+    summary = histogram.summary_ms()
+    assert summary["count"] == reference.get_total_count() == len(values_ns)
+    ours = HdrHistogram.decode(histogram.encode()["hdr"].encode("ascii"))
+    assert ours.get_percentile_to_value_dict(percentiles) == (
+        reference.get_percentile_to_value_dict(percentiles)
+    )
 
 
 def test_recorder_vllm_definitions() -> None:
