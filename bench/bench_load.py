@@ -4,21 +4,27 @@ Capacity: the generator drives a null target (a "request" that yields one token 
 I/O), so everything measured is its own work: drawing the schedule, waking on time, starting
 the request, recording its latencies. A rate is sustained when every request completes and
 the P99 of the send lag (intended to actual start) stays under 1 ms; the target is 5,000
-requests/s. Each rate runs ``CAPACITY_TRIALS`` trials, each from a fresh event loop, and the
-figures are the median trial's (by P99 lag): a neighbour's busy spell on this shared machine
-lands in one trial, and a single trial's P99 would report it as the generator's own lag. The
-generator is one asyncio loop in one thread, so it uses at most one core; ``client_cpu_share``
-in ``extra_info`` says how much of it. The timed value of these
-benchmarks is the run's wall time, fixed by the schedule: read ``extra_info``.
+requests/s on uvloop (the loop ``inferwire load`` runs on when it is installed), uncapped. The
+benchmark process is pinned to one core for the trials (the last of the cores it may use, the
+client's core in the suites that pin a server too), so "one core" is a fact of the run, not an
+average; asyncio's own loop runs the same uncapped points beside it, for what uvloop buys. Each
+rate runs ``CAPACITY_TRIALS`` trials, each from a fresh event loop, and the figures are the
+median trial's (by P99 lag): a neighbour's busy spell on this shared machine lands in one trial,
+and a single trial's P99 would report it as the generator's own lag. ``client_cpu_share`` in
+``extra_info`` says how much of the core the generator used, ``client_cpu_us_per_request`` what
+a request cost it. The timed value of these benchmarks is the run's wall time, fixed by the
+schedule: read ``extra_info``.
 
 Under ``--benchmark-disable`` every run is cut to a fraction of a second.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+import os
+import statistics
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
 import pytest
@@ -27,12 +33,14 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.bench.loadgen import metrics, openloop
 from inferwire.bench.procs import server_process
+from inferwire.transports import loops
 
 CAPACITY_RATES: Final = (5_000.0, 10_000.0)
 CAPACITY_S: Final = 1.5
 CAPACITY_TRIALS: Final = 3
 DISABLED_S: Final = 0.3
 LAG_TARGET_MS: Final = 1.0
+FIFO_PRIORITY: Final = 10
 _TOKEN: Final = ic.TokenChunk(
     id="null",
     model="null",
@@ -56,51 +64,175 @@ class NullTarget:
         pass
 
 
-def _run(target: openloop.Target, spec: openloop.LoadSpec, **point: Any) -> dict[str, Any]:
-    with asyncio.Runner(loop_factory=openloop.event_loop_factory(precise=True)) as runner:
-        return runner.run(openloop.run_point(target, spec, **point))
+@contextlib.contextmanager
+def _one_core() -> Iterator[int | None]:
+    """This thread (the one that runs the loop) on one core, the last it may use; the core,
+    or None where affinity cannot be set."""
+    if not hasattr(os, "sched_setaffinity"):
+        yield None
+        return
+    before = os.sched_getaffinity(0)
+    core = max(before)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield core
+    finally:
+        os.sched_setaffinity(0, before)
 
 
-@pytest.mark.parametrize("concurrency", [None, 64], ids=["uncapped", "cap64"])
+@contextlib.contextmanager
+def _first_on_its_core() -> Iterator[None]:
+    """This thread under SCHED_FIFO: the kernel runs it whenever it is runnable, ahead of
+    every ordinary process on its core (and the kernel's real-time throttling still keeps 5%
+    of each second for them). Skips where it may not (no privilege, not Linux)."""
+    if not hasattr(os, "sched_setscheduler"):
+        pytest.skip("no SCHED_FIFO here")
+    before = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
+    except PermissionError:
+        pytest.skip("SCHED_FIFO needs CAP_SYS_NICE")
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, *before)
+
+
+_UVLOOP: Final = pytest.mark.skipif(
+    not loops.uvloop_installed(), reason="uvloop is not installed (the bench extra)"
+)
+
+
+def _trial(loop: str, spec: openloop.LoadSpec, rate: float, concurrency: int | None) -> Any:
+    run = openloop.run_point(NullTarget(), spec, rate_rps=rate, concurrency=concurrency)
+    return loops.run(run, loop)
+
+
+def _median_trial(points: list[dict[str, Any]]) -> dict[str, Any]:
+    return sorted(points, key=lambda p: p["send_lag"]["p99_ms"])[len(points) // 2]
+
+
+def _cpu_us_per_request(point: dict[str, Any]) -> float:
+    return float(point["client_cpu_s"]) / int(point["requests_scheduled"]) * 1e6
+
+
+def _figures(point: dict[str, Any]) -> dict[str, Any]:
+    """What one loop's median trial shows."""
+    lag = point["send_lag"]
+    return {
+        "achieved_rps": point["request_throughput_rps"],
+        "send_lag_ms": {k: lag[k] for k in ("p50_ms", "p90_ms", "p99_ms", "p99_9_ms", "max_ms")},
+        "client_cpu_share": point["client_cpu_s"] / point["duration_s"],
+        "client_cpu_us_per_request": _cpu_us_per_request(point),
+        "sustained": point["requests_completed"] == point["requests_scheduled"]
+        and lag["p99_ms"] < LAG_TARGET_MS,
+    }
+
+
+@_UVLOOP
+@pytest.mark.parametrize(
+    ("concurrency", "scheduling"),
+    [(None, "normal"), (64, "normal"), (None, "fifo")],
+    ids=["uncapped", "cap64", "uncapped-fifo"],
+)
 @pytest.mark.parametrize("rate", CAPACITY_RATES, ids=lambda r: f"{r:g}rps")
-def bench_generator_capacity(benchmark: Any, rate: float, concurrency: int | None) -> None:
+def bench_generator_capacity(
+    benchmark: Any, rate: float, concurrency: int | None, scheduling: str
+) -> None:
+    """The target: uvloop, one pinned core, scheduled as any process is (``normal``). With
+    ``fifo`` the same point runs ahead of the core's other processes: what is left of the lag
+    is the generator's own, the difference what the machine's other work added. The target is
+    judged on ``normal`` only: that is how a user runs it."""
+    loop = "uvloop"
     spec = openloop.LoadSpec(duration_s=DISABLED_S if benchmark.disabled else CAPACITY_S, seed=1)
     trials = 1 if benchmark.disabled else CAPACITY_TRIALS
     benchmark.group = "load generator capacity"
     points: list[dict[str, Any]] = []
+    cores: list[int | None] = []
 
     def run_trials() -> None:
-        for trial in range(trials):
-            trial_spec = dataclasses.replace(spec, seed=spec.seed + trial)
-            points.append(_run(NullTarget(), trial_spec, rate_rps=rate, concurrency=concurrency))
+        first = _first_on_its_core() if scheduling == "fifo" else contextlib.nullcontext()
+        with _one_core() as core, first:
+            cores.append(core)
+            for trial in range(trials):
+                trial_spec = dataclasses.replace(spec, seed=spec.seed + trial)
+                points.append(_trial(loop, trial_spec, rate, concurrency))
 
     benchmark.pedantic(run_trials, rounds=1, iterations=1)
-    by_lag = sorted(points, key=lambda p: p["send_lag"]["p99_ms"])
-    point = by_lag[len(by_lag) // 2]
-    lag = point["send_lag"]
-    sustained = (
-        point["requests_completed"] == point["requests_scheduled"] and lag["p99_ms"] < LAG_TARGET_MS
-    )
+    point = _median_trial(points)
     benchmark.extra_info.update(
         target="null",
+        loop=point["loop"],  # the loop that ran
+        timer=point["timer"],
+        pinned_core=cores[0],
+        scheduling=scheduling,
         rate_rps=rate,
         concurrency=concurrency,
         trials=trials,
         trial_s=spec.duration_s,
         trial_p99_lag_ms=[p["send_lag"]["p99_ms"] for p in points],
         requests=point["requests_scheduled"],
-        achieved_rps=point["request_throughput_rps"],
         offered_rps=point["offered_rate_rps"],
-        send_lag_ms={k: lag[k] for k in ("p50_ms", "p90_ms", "p99_ms", "p99_9_ms", "max_ms")},
-        client_cpu_share=point["client_cpu_s"] / point["duration_s"],
-        client_cpu_us_per_request=point["client_cpu_s"] / point["requests_scheduled"] * 1e6,
-        sustained=sustained,
-        event_loop="select",
+        **_figures(point),
         load_average=metrics.machine()["load_average"],  # other work on the cores skews lag
-        correct=all(p["requests_failed"] == 0 for p in points),
+        correct=all(p["requests_failed"] == 0 for p in points) and point["loop"] == loop,
     )
+    assert point["loop"] == loop
     for p in points:
         assert p["requests_failed"] == 0, p["errors"]
+
+
+@_UVLOOP
+@pytest.mark.parametrize("rate", CAPACITY_RATES, ids=lambda r: f"{r:g}rps")
+def bench_generator_loops(benchmark: Any, rate: float) -> None:
+    """What uvloop buys the generator: the same uncapped point on uvloop and on asyncio's own
+    loop, in alternating trials on one pinned core (so a busy spell of the machine falls on
+    both alike), each loop's median trial beside the other's, and the paired ratio of the CPU
+    a request costs (asyncio / uvloop, median over the pairs)."""
+    spec = openloop.LoadSpec(duration_s=DISABLED_S if benchmark.disabled else CAPACITY_S, seed=1)
+    pairs = 1 if benchmark.disabled else CAPACITY_TRIALS
+    benchmark.group = "load generator: uvloop against asyncio"
+    points: dict[str, list[dict[str, Any]]] = {"uvloop": [], "asyncio": []}
+    cores: list[int | None] = []
+
+    def run_pairs() -> None:
+        with _one_core() as core:
+            cores.append(core)
+            for pair in range(pairs):
+                trial_spec = dataclasses.replace(spec, seed=spec.seed + pair)
+                order = ("uvloop", "asyncio") if pair % 2 == 0 else ("asyncio", "uvloop")
+                for loop in order:
+                    points[loop].append(_trial(loop, trial_spec, rate, None))
+
+    benchmark.pedantic(run_pairs, rounds=1, iterations=1)
+    ratios = [
+        _cpu_us_per_request(a) / _cpu_us_per_request(u)
+        for u, a in zip(points["uvloop"], points["asyncio"], strict=True)
+    ]
+    benchmark.extra_info.update(
+        target="null-loops",
+        rate_rps=rate,
+        concurrency=None,
+        pinned_core=cores[0],
+        pairs=pairs,
+        trial_s=spec.duration_s,
+        loops={loop: _figures(_median_trial(ps)) for loop, ps in points.items()},
+        trial_p99_lag_ms={
+            loop: [p["send_lag"]["p99_ms"] for p in ps] for loop, ps in points.items()
+        },
+        asyncio_cpu_per_request_vs_uvloop=statistics.median(ratios),
+        pair_ratios=ratios,
+        load_average=metrics.machine()["load_average"],
+        correct=all(
+            p["requests_failed"] == 0 and p["loop"] == loop
+            for loop, ps in points.items()
+            for p in ps
+        ),
+    )
+    for loop, ps in points.items():
+        for p in ps:
+            assert p["loop"] == loop
+            assert p["requests_failed"] == 0, p["errors"]
 
 
 LOAD_RATE_RPS = 20.0
@@ -122,8 +254,9 @@ def bench_load(benchmark: Any, transport: str) -> None:
         slo=LOAD_SLO,
     )
     benchmark.group = "load end to end"
+    loop = loops.resolve("auto")  # both ends on the loop inferwire load runs on by default
     options = ("--prefill-ms", str(LOAD_PREFILL_MS), "--decode-ms", str(LOAD_DECODE_MS))
-    with server_process.serve(transport, "orjson", *options) as server:
+    with server_process.serve(transport, "orjson", *options, "--loop", loop) as server:
         assert server.process is not None
         pid = server.process.pid
 
@@ -138,9 +271,7 @@ def bench_load(benchmark: Any, transport: str) -> None:
                 await target.close()
 
         def run() -> dict[str, Any]:
-            precise = openloop.select_is_safe(transport, [None])
-            with asyncio.Runner(loop_factory=openloop.event_loop_factory(precise=precise)) as r:
-                return r.run(go())
+            return loops.run(go(), loop)
 
         point = benchmark.pedantic(run, rounds=1, iterations=1)
     benchmark.extra_info.update(
@@ -150,6 +281,7 @@ def bench_load(benchmark: Any, transport: str) -> None:
         workload=spec.workload,
         prefill_ms=LOAD_PREFILL_MS,
         decode_ms=LOAD_DECODE_MS,
+        server_loop=loop,
         versions=metrics.versions(),
         **point,
     )

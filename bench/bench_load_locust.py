@@ -78,6 +78,7 @@ def bench_locust_capacity(benchmark: Any, workers: int) -> None:
         codec="orjson",
         workload=WORKLOAD,
         rate_rps=rate_rps,
+        loop=point.get("loop"),  # each worker's generator's (the parts ran alike, or it is a list)
         requests_scheduled=point["requests_scheduled"],
         requests_completed=point["requests_completed"],
         requests_failed=point["requests_failed"],

@@ -1,5 +1,6 @@
 """The capacity search: its bracketing and bisection on points whose outcome is known, and one
-search against `inferwire serve` whose capacity follows from its pacing."""
+search against `inferwire serve` whose capacity follows from its pacing; and the report's
+verdict on the generator's own capacity."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 import pytest
 
 from inferwire.bench.loadgen import capacity
+from inferwire.bench.report import load as report_load
+from inferwire.bench.report.results import LOAD_RAW
 from inferwire.bench.runner import cli
 
 
@@ -161,3 +164,51 @@ def test_the_command_refuses_a_search_without_an_slo(capsys: pytest.CaptureFixtu
     argv = ["load", "--transport", "tcp", "--address", "127.0.0.1:9", "--capacity"]
     assert cli.main(argv) == 2
     assert "SLO" in capsys.readouterr().err
+
+
+# -- the generator's own capacity target, in the report ---------------------------------------
+
+
+def _capacity_info(**changes: Any) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "target": "null",
+        "loop": "uvloop",
+        "scheduling": "normal",
+        "pinned_core": 1,
+        "rate_rps": 5_000.0,
+        "concurrency": None,
+        "achieved_rps": 5_001.0,
+        "send_lag_ms": {"p50_ms": 0.1, "p99_ms": 0.6},
+        "load_average": [0.5, 0.5, 0.5],
+    }
+    return {**info, **changes}
+
+
+def _target_row(tmp_path: Path, *infos: dict[str, Any]) -> list[list[str]]:
+    (tmp_path / LOAD_RAW).write_text(
+        json.dumps({"benchmarks": [{"extra_info": info} for info in infos]})
+    )
+    return report_load.capacity_target_row(tmp_path)
+
+
+def test_the_capacity_target_is_judged_on_uvloop_as_a_user_runs_it(tmp_path: Path) -> None:
+    """Only the uncapped uvloop point under normal scheduling counts: a better asyncio,
+    SCHED_FIFO or capped point beside a missed one does not make the target met."""
+    missed = _capacity_info(send_lag_ms={"p50_ms": 0.1, "p99_ms": 4.2})
+    others = [
+        _capacity_info(loop="asyncio"),
+        _capacity_info(scheduling="fifo"),
+        _capacity_info(concurrency=64),
+        _capacity_info(rate_rps=10_000.0, achieved_rps=10_000.0),
+    ]
+    (row,) = _target_row(tmp_path, *others, missed)
+    assert row[-1] == "**missed**"
+    assert "uvloop" in row[1]
+    assert "pinned to core 1" in row[1]
+    assert row[2].startswith("5,001 req/s, P99 lag 4.20 ms")
+    (row,) = _target_row(tmp_path, *others, _capacity_info())
+    assert row[-1] == "met"
+    (row,) = _target_row(tmp_path, _capacity_info(achieved_rps=4_800.0))
+    assert row[-1] == "**missed**"  # it did not keep the rate
+    # a run from before the loop was recorded ran asyncio's loop: no uvloop figure to judge
+    assert _target_row(tmp_path, *others[:1], {**_capacity_info(), "loop": None}) == []

@@ -22,7 +22,6 @@ from inferwire.bench.loadgen import (
     hdr_merge,
     html_report,
     locust_local,
-    metrics,
     openloop,
     split_run,
 )
@@ -55,18 +54,11 @@ class NullTarget:
 
 def _records_of(spec: openloop.LoadSpec, rate_rps: float) -> list[RequestRecord]:
     records: list[RequestRecord] = []
-    original = metrics.Recorder.add_record
-
-    def keep(self: Any, record: RequestRecord) -> None:
-        records.append(record)
-        original(self, record)
 
     async def go() -> None:
-        await openloop.run_point(NullTarget(), spec, rate_rps=rate_rps)
+        await openloop.run_point(NullTarget(), spec, rate_rps=rate_rps, on_record=records.append)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(metrics.Recorder, "add_record", keep)
-        asyncio.run(go())
+    asyncio.run(go())
     return records
 
 

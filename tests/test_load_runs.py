@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator
+import sys
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +17,36 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.loadgen import openloop
+from inferwire.bench.loadgen import alarm, openloop
 from inferwire.bench.loadgen.metrics import Recorder, RequestRecord, Slo, Window
+from inferwire.bench.procs import server_process
 from inferwire.bench.runner import cli
+from inferwire.transports import loops
 from inferwire.workloads import token_stream_source
 from tests.fault_helpers import thread_server
 
 MS = 1_000_000
+_TOKEN = ic.TokenChunk(
+    id="null",
+    model="null",
+    created=0,
+    index=0,
+    seq=0,
+    token_ids=(1,),
+    text="x",
+    finish_reason="length",
+    usage=ic.Usage(prompt_tokens=0, completion_tokens=1),
+)
+
+
+class NullTarget:
+    """One chunk, its own end marker, at once."""
+
+    async def generate(self, request: Any, /) -> AsyncIterator[ic.TokenChunk]:
+        yield _TOKEN
+
+    async def close(self) -> None:
+        pass
 
 
 class CountingService(it.SimulatedService):
@@ -87,14 +112,7 @@ def test_windows_leave_something_to_measure() -> None:
 def test_warmup_and_cooldown_are_sent_but_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
     """200 req/s evenly for 2 s, the first and last half second excluded: the 201 requests
     intended from 0.5 s to 1.5 s are the point; the other 199 are sent all the same."""
-    recorders: list[Recorder] = []
-
-    class KeptRecorder(Recorder):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            recorders.append(self)
-
-    monkeypatch.setattr(openloop, "Recorder", KeptRecorder)
+    records: list[RequestRecord] = []
     service = CountingService()
     spec = openloop.LoadSpec(
         workload="stream-16",
@@ -108,7 +126,7 @@ def test_warmup_and_cooldown_are_sent_but_not_measured(monkeypatch: pytest.Monke
     async def drive(address: str) -> dict[str, Any]:
         target = openloop.open_target("tcp", address, "orjson")
         try:
-            return await openloop.run_point(target, spec, rate_rps=200.0)
+            return await openloop.run_point(target, spec, rate_rps=200.0, on_record=records.append)
         finally:
             await target.close()
 
@@ -124,7 +142,6 @@ def test_warmup_and_cooldown_are_sent_but_not_measured(monkeypatch: pytest.Monke
         assert point[name]["count"] == 201, name
     assert point["output_tokens"] == 16 * 201
     assert point["integrity"]["verified"] == 201
-    records: list[RequestRecord] = recorders[0].records
     assert len(records) == 400
     measured = [r for r in records if r.measured]
     assert len(measured) == 201
@@ -225,11 +242,41 @@ def test_a_cap_is_its_own_bound() -> None:
     assert point["max_in_flight"] == 4
 
 
-def test_select_is_safe_under_the_bound() -> None:
-    assert openloop.select_is_safe("tcp", [None], openloop.DEFAULT_MAX_IN_FLIGHT)
-    assert not openloop.select_is_safe("tcp", [None])
-    assert not openloop.select_is_safe("http1", [None], 4096)
-    assert openloop.select_is_safe("http2", [None])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_alarm_never_wakes_early(loop: str) -> None:
+    """uvloop's own timers return at once below half a millisecond (a request sent early);
+    the scheduler's alarm returns at or after the instant, on either loop, and says which
+    timer it used."""
+    if loop == "uvloop" and not loops.uvloop_installed():
+        pytest.skip("uvloop is not installed")
+
+    async def early_by_ns() -> tuple[str, list[int]]:
+        found = alarm.Alarm()
+        try:
+            lateness = []
+            for delay_us in (1, 50, 200, 400, 600, 1_500, 0, -100):
+                when_ns = time.monotonic_ns() + delay_us * 1_000
+                await found.sleep_until(when_ns)
+                lateness.append(time.monotonic_ns() - when_ns)
+            return found.kind, lateness
+        finally:
+            found.close()
+
+    kind, lateness = loops.run(early_by_ns(), loop)
+    assert kind == ("timerfd" if sys.platform.startswith("linux") else "loop")
+    assert min(lateness[:6]) >= 0  # the past instants (0, -100 us) return at once, late
+
+
+def test_a_point_records_its_loop_and_timer() -> None:
+    async def point() -> dict[str, Any]:
+        return await openloop.run_point(
+            NullTarget(), openloop.LoadSpec(requests=20, seed=1), rate_rps=2_000.0
+        )
+
+    ran = loops.run(point(), "asyncio")
+    assert (ran["loop"], ran["timer"]) == ("asyncio", "timerfd")
+    assert ran["requests_completed"] == 20
+    assert ran["send_lag"]["count"] == 20
 
 
 # -- the command --------------------------------------------------------------------------
@@ -249,7 +296,8 @@ def test_the_command_records_the_run_flags(tmp_path: Path) -> None:
     assert parameters["ramp_s"] == 0.5
     assert parameters["warmup_s"] == parameters["cooldown_s"] == 0.25
     assert parameters["max_in_flight"] == 16
-    assert parameters["event_loop"] == "select"  # 16 sockets at most: select is safe
+    assert parameters["loop"] == loops.resolve("auto")  # the loop that ran
+    assert parameters["timer"] == "timerfd"
     (point,) = report["points"]
     # Lambda(1 s) = 30 (the ramp's half second) + 50 = 80 requests; 0.25-0.75 s is measured
     assert point["requests_scheduled"] == 80
@@ -297,3 +345,25 @@ def test_windows_and_the_bound_hold_for_another_api(tmp_path: Path) -> None:
     assert point["output_tokens"] == 210
     assert 210 <= point["client_parse"]["count"] <= 21 * 20  # a stream has ~13 events
     assert point["max_in_flight"] <= 4
+
+
+def test_spawn_starts_the_server_on_the_loop_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[tuple[str, ...]] = []
+    serve = server_process.serve
+
+    def watched(transport: str, codec: str, *options: str) -> server_process.ServerProcess:
+        started.append(options)
+        return serve(transport, codec, *options)
+
+    monkeypatch.setattr(server_process, "serve", watched)
+    out = tmp_path / "load.json"
+    argv = ["load", "--transport", "tcp", "--spawn", "--loop", "asyncio", "--quiet"]
+    argv += ["--workload", "stream-16", "--rate", "50", "--requests", "5", "--out", str(out)]
+    assert cli.main(argv) == 0
+    (options,) = started
+    assert options[options.index("--loop") + 1] == "asyncio"
+    report = json.loads(out.read_text())
+    assert report["parameters"]["loop"] == "asyncio"
+    assert report["points"][0]["loop"] == "asyncio"

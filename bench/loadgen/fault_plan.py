@@ -39,6 +39,9 @@ STALL_S: Final = 2.0
 GRACE_S: Final = 1.5
 """After the fault ends: time for the clients to reconnect before every request must succeed
 (gRPC's channel retries a lost connection after a backoff of up to a second)."""
+AFTER_RECOVERY_S: Final = 1.0
+"""kill-restart: the least time a run goes on after the replacement is up and the grace is
+over, so that some requests show the recovery."""
 DRAIN_TIMEOUT_S: Final = 30.0
 
 

@@ -228,6 +228,7 @@ def add_load_arguments(load: argparse.ArgumentParser) -> None:
         default=capacity.DEFAULT_MAX_SEND_LAG_MS,
         help="a point whose send lag P99 is over this failed for the generator, not the server",
     )
+    arguments.add_loop_argument(load)  # --spawn starts the server on the same loop
     load.add_argument("--out", type=Path, help="write the JSON report to this file")
     load.add_argument("--quiet", action="store_true", help="no progress bar")
     # a share of one schedule, for a run split across processes (loadgen/locust_user.py)

@@ -65,16 +65,16 @@ P50/P90/P99/P99.9, mean and max in milliseconds. Output is a summary line per po
 and, with ``--out``, a JSON file with every metric, the run's parameters, library versions and
 the machine.
 
-One asyncio event loop drives everything. The selector it waits on sets how precisely a request
-leaves on time: ``select`` takes microsecond timeouts, epoll milliseconds (rounded up), so the
-generator uses ``select`` whenever its sockets are sure to stay below select's 1,024
-descriptors, and epoll otherwise (the JSON says which).
+One event loop drives everything: uvloop when it is installed, else asyncio's (``--loop``; the
+JSON records the loop that ran, and ``--spawn`` starts the server on the same kind). Neither
+loop's timers can send a request on time to the microsecond (both keep milliseconds), so the
+scheduler wakes on a Linux timerfd armed at each intended send time
+(:mod:`inferwire.bench.loadgen.alarm`; ``timer`` in the JSON).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import gc
 import json
@@ -88,7 +88,7 @@ from typing import Any, Final
 
 import inferwire.transports as it
 from inferwire.bench.procs import server_process
-from inferwire.transports import arguments
+from inferwire.transports import arguments, loops
 from inferwire.transports.arguments import CommandError
 
 from . import api_mode, capacity, load_arguments, load_outputs, metrics
@@ -97,11 +97,9 @@ from .openloop import (
     DEFAULT_DURATION_S,
     LoadSpec,
     Target,
-    event_loop_factory,
     finite_or_text,
     open_target,
     run_point,
-    select_is_safe,
     warm_up,
 )
 from .records import RecordWriter
@@ -114,7 +112,7 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, int | None]]:
         yield args.address, args.server_pid
         return
     pacing = ["--prefill-ms", str(args.prefill_ms), "--decode-ms", str(args.decode_ms)]
-    with server_process.serve(args.transport, args.codec, *pacing) as server:
+    with server_process.serve(args.transport, args.codec, *pacing, "--loop", args.loop) as server:
         assert server.process is not None
         yield server.address, server.process.pid
 
@@ -332,20 +330,16 @@ def _load(args: argparse.Namespace) -> int:
     # one connection for http2 and grpc, else one per request in flight
     sockets_transport = "grpc" if args.api == "kserve-v2-grpc" else (args.transport or "http1")
     _check_descriptors(sockets_transport, args.concurrency, spec.max_in_flight)
-    precise = select_is_safe(sockets_transport, args.concurrency, spec.max_in_flight)
+    loops.resolve(args.loop)  # a missing uvloop is named before anything starts
     started = datetime.now(UTC).isoformat(timespec="seconds")
     api: api_mode.ApiSweep | None = None
     if args.url is not None:  # checked before anything starts
         api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, args.url))
-    with (
-        _server(args) as (address, pid),
-        asyncio.Runner(loop_factory=event_loop_factory(precise)) as runner,
-        load_outputs.records(args) as records,
-    ):
+    with _server(args) as (address, pid), load_outputs.records(args) as records:
         if args.api is not None and args.spawn:
             url = api_mode.spawned_url(args.transport, address, args.api)
             api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url))
-        points, found = runner.run(_sweep(args, spec, address, pid, api, records))
+        points, found = loops.run(_sweep(args, spec, address, pid, api, records), args.loop)
     if args.out is not None or args.html is not None:
         parameters = {
             "transport": args.transport,
@@ -358,7 +352,9 @@ def _load(args: argparse.Namespace) -> int:
             "rates_rps": [finite_or_text(rate) for rate in args.rate],
             "concurrencies": args.concurrency,
             "warmup_requests": args.warmup,
-            "event_loop": "select" if precise else "epoll",
+            # what ran, not the option: the points say it too
+            "loop": points[0]["loop"] if points else loops.resolve(args.loop),
+            "timer": points[0]["timer"] if points else None,
             "capacity_search": args.capacity,
             **{k: v for k, v in asdict(spec).items() if k != "slo"},
             "slo": asdict(spec.slo),

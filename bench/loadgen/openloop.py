@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import selectors
 import sys
 import time
 from collections import deque
@@ -36,10 +35,12 @@ from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.codecs.integrity import StreamVerifier
+from inferwire.transports import loops
 from inferwire.transports.common import DEFAULT_LIMITS, aiter_close
 from inferwire.workloads import token_stream_source
 
 from . import metrics
+from .alarm import Alarm
 from .arrivals import ARRIVALS as ARRIVALS  # the schedules moved there; re-exported
 from .arrivals import Arrival as Arrival
 from .arrivals import arrival_offsets_ns as arrival_offsets_ns
@@ -48,14 +49,12 @@ from .metrics import Histogram, Recorder, Slo, Window
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
 DEFAULT_DURATION_S: Final = 10.0
 DEFAULT_DRAIN_TIMEOUT_S: Final = 60.0
-SELECT_MAX_SOCKETS: Final = 512
-"""Below select()'s FD_SETSIZE of 1,024 with room for everything else the process has open."""
-DEFAULT_MAX_IN_FLIGHT: Final = SELECT_MAX_SOCKETS
+DEFAULT_MAX_IN_FLIGHT: Final = 512
 """The bound on requests in flight of an uncapped run. A generator that falls behind would
 otherwise open a connection per late request (http1, tcp) until it collapses; 512 keeps every
-transport's sockets under select()'s limit (so its microsecond timeouts stay usable) and under
-the common soft descriptor limit of 1,024, and still carries 5,000 req/s of 100 ms streams
-(Little's law). A run that reaches it says so; a higher bound is a flag away."""
+transport's sockets under the common soft descriptor limit of 1,024, and still carries 5,000
+req/s of 100 ms streams (Little's law). A run that reaches it says so; a higher bound is a flag
+away."""
 
 
 class Target(Protocol):
@@ -267,6 +266,7 @@ class _Run:
         self.waiting: deque[tuple[int, int]] = deque()
         self.index_first = 0
         self.index_step = 1
+        self.alarm: Alarm
 
     async def send(self, index: int, intended_ns: int) -> None:
         """One request, start to end; never raises but for cancellation."""
@@ -326,9 +326,12 @@ class _Run:
             self.in_flight -= 1
             if self.on_done is not None:
                 self.on_done()
-        self._record(
-            index, intended_ns, sent_ns, done_ns, error, tokens, first_ns, gaps_ns, checker
-        )
+        if recorder.on_record is None:  # nobody reads the record: only that it was made
+            recorder.recorded.add(index)
+        else:
+            self._record(
+                index, intended_ns, sent_ns, done_ns, error, tokens, first_ns, gaps_ns, checker
+            )
 
     def _record(
         self,
@@ -342,9 +345,13 @@ class _Run:
         gaps_ns: list[int],
         checker: StreamCheck | None,
     ) -> None:
+        recorder = self.recorder
+        if recorder.on_record is None:  # nobody reads it: building it would be the cost
+            recorder.recorded.add(index)
+            return
         if error is None and checker is not None and tokens:
             tokens = checker.output_tokens
-        self.recorder.add_record(
+        recorder.add_record(
             metrics.RequestRecord(
                 index=index,
                 intended_s=(intended_ns - self.start_ns) / 1e9,
@@ -387,12 +394,12 @@ class _Run:
             workers = [loop.create_task(self.worker(due)) for _ in range(concurrency)]
         recorder = self.recorder
         bound = self.bound if self.bound is not None else math.inf
+        alarm = self.alarm
         for position, offset_ns in enumerate(offsets_ns.tolist()):
             index = self.index_first + position * self.index_step  # in the whole schedule
             intended_ns = start_ns + offset_ns
-            delay_ns = intended_ns - now_ns()
-            if delay_ns > 0:
-                await asyncio.sleep(delay_ns / 1e9)
+            if intended_ns > now_ns():
+                await alarm.sleep_until(intended_ns)
             if concurrency is None and self.tasks_running < bound:
                 self.tasks_running += 1
                 task = loop.create_task(self.uncapped(index, intended_ns))
@@ -472,12 +479,16 @@ async def run_point(
             new_check if checks is None else checks(metrics.Histogram()),
         )
         run.index_first, run.index_step = index_first, index_step
+        run.alarm = alarm = Alarm()
         cpu.start()
         start_ns = now_ns() + 1_000_000  # a millisecond to get the scheduler going
         if spec.start_at_unix_s is not None:
             start_ns = start_instant_ns(spec.start_at_unix_s)
         recorder.begin(start_ns)
-        pending = await run.schedule(start_ns, offsets_ns, concurrency)
+        try:
+            pending = await run.schedule(start_ns, offsets_ns, concurrency)
+        finally:
+            alarm.close()
         if pending:
             _, late = await asyncio.wait(pending, timeout=spec.drain_timeout_s)
             for task in late:
@@ -497,6 +508,8 @@ async def run_point(
     point: dict[str, Any] = {
         "rate_rps": finite_or_text(rate_rps),
         "concurrency": concurrency,
+        "loop": loops.running(),
+        "timer": alarm.kind,
         "offered_rate_rps": (len(offsets_ns) - 1) / schedule_s if schedule_s else None,
         "in_flight_bound": bound,
         **summary,
@@ -525,7 +538,9 @@ def _record_unfinished(
 ) -> None:
     """A record for each request that has none: cancelled at the drain timeout, or never
     sent (still queued for a slot), so the records count every scheduled request."""
-    recorded = {record.index for record in recorder.records}
+    recorded = recorder.recorded
+    if len(recorded) == len(offsets_ns):
+        return
     done_ns = now_ns()
     for position, offset_ns in enumerate(offsets_ns.tolist()):
         index = first + position * step
@@ -570,21 +585,3 @@ async def warm_up(target: Target, request: Any, requests: int) -> None:
 async def _drain(chunks: AsyncIterator[Any]) -> None:
     async for _ in chunks:
         pass
-
-
-def event_loop_factory(precise: bool) -> Callable[[], asyncio.AbstractEventLoop]:
-    """``precise``: wait on select() (microsecond timeouts); else the default (epoll)."""
-    selector = selectors.SelectSelector if precise else selectors.DefaultSelector
-    return lambda: asyncio.SelectorEventLoop(selector())
-
-
-def select_is_safe(
-    transport: str, concurrencies: list[int | None], max_in_flight: int | None = None
-) -> bool:
-    """Whether the generator's sockets stay well under select()'s limit: one connection for
-    http2 and grpc, one per request in flight (at most the cap, or uncapped the bound
-    ``max_in_flight``) for tcp and http1."""
-    if transport in ("http2", "grpc"):
-        return True
-    caps = [max_in_flight if c is None else c for c in concurrencies]
-    return all(c is not None and c <= SELECT_MAX_SOCKETS for c in caps)

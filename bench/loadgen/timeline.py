@@ -38,6 +38,8 @@ ROUND_WIDTHS_S: Final = (
     60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 )  # fmt: skip
 
+_FIELDS: Final = ("intended_ns", "first_token_ns", "done_ns", "output_tokens", "gaps")
+
 
 def bucket_width_s(span_s: float) -> float:
     """1 s if that gives ``MIN_BUCKETS`` to ``MAX_BUCKETS`` buckets over ``span_s``, else the
@@ -55,23 +57,11 @@ class Timeline:
     """Fed by :class:`~inferwire.bench.loadgen.metrics.Recorder` with every request of a point;
     :meth:`summary` gives the buckets (see the module docstring)."""
 
-    __slots__ = (
-        "_chunk_tokens",
-        "_done_ns",
-        "_failed_ns",
-        "_first_ns",
-        "_gap_counts",
-        "_gaps_ns",
-        "_intended_ns",
-        "_tokens",
-    )
+    __slots__ = ("_chunk_tokens", "_failed_ns", "_gaps_ns", "_requests")
 
     def __init__(self) -> None:
-        self._intended_ns = array("q")
-        self._first_ns = array("q")
-        self._done_ns = array("q")
-        self._tokens = array("q")
-        self._gap_counts = array("q")
+        self._requests = array("q")
+        """Per completed request, :data:`_FIELDS` in a row (one extend a request, not five)."""
         self._gaps_ns = array("q")
         self._chunk_tokens = array("q")
         self._failed_ns = array("q")
@@ -87,27 +77,25 @@ class Timeline:
         chunk_tokens: Sequence[int],
     ) -> None:
         """A completed stream, with the arguments of ``Recorder.completed_stream``."""
-        self._intended_ns.append(intended_ns)
-        self._first_ns.append(first_token_ns)
-        self._done_ns.append(done_ns)
-        self._tokens.append(output_tokens)
-        self._gap_counts.append(len(gaps_ns))
-        # fromlist: half the cost of extend; per request, so no pause to copy a backlog
-        self._gaps_ns.fromlist(gaps_ns if isinstance(gaps_ns, list) else list(gaps_ns))
-        self._chunk_tokens.fromlist(
-            chunk_tokens if isinstance(chunk_tokens, list) else list(chunk_tokens)
-        )
+        self._requests.extend((intended_ns, first_token_ns, done_ns, output_tokens, len(gaps_ns)))
+        if gaps_ns:
+            # fromlist: half the cost of extend; per request, so no pause to copy a backlog
+            self._gaps_ns.fromlist(gaps_ns if isinstance(gaps_ns, list) else list(gaps_ns))
+            self._chunk_tokens.fromlist(
+                chunk_tokens if isinstance(chunk_tokens, list) else list(chunk_tokens)
+            )
 
     def failed(self, done_ns: int) -> None:
         self._failed_ns.append(done_ns)
 
     def summary(self, start_ns: int) -> dict[str, Any]:
         """The buckets after ``start_ns`` (the point's first intended send time)."""
-        intended = np.frombuffer(self._intended_ns, np.int64) - start_ns
-        first = np.frombuffer(self._first_ns, np.int64) - start_ns
-        done = np.frombuffer(self._done_ns, np.int64) - start_ns
-        tokens = np.frombuffer(self._tokens, np.int64)
-        gap_counts = np.frombuffer(self._gap_counts, np.int64)
+        requests = np.frombuffer(self._requests, np.int64).reshape(-1, len(_FIELDS))
+        intended = requests[:, 0] - start_ns
+        first = requests[:, 1] - start_ns
+        done = requests[:, 2] - start_ns
+        tokens = requests[:, 3]
+        gap_counts = requests[:, 4]
         gaps = np.frombuffer(self._gaps_ns, np.int64)
         chunk_tokens = np.frombuffer(self._chunk_tokens, np.int64)
         failed = np.frombuffer(self._failed_ns, np.int64) - start_ns
