@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from inferwire.transports import loops
 from inferwire.transports.proxy import DelayProxy
 
 
@@ -91,3 +92,54 @@ def test_rejects_nonsense_settings() -> None:
         DelayProxy(("127.0.0.1", 1), delay_s=-1.0)
     with pytest.raises(ValueError, match="bandwidth"):
         DelayProxy(("127.0.0.1", 1), delay_s=0.0, bandwidth_bytes_per_s=0)
+
+
+def test_a_dropped_link_ends_both_directions_and_the_proxy_serves_on(
+    event_loop_kind: str,
+) -> None:
+    """``drop_connections`` (the faults suite's drop) on either loop: the client reads EOF, the
+    proxy's pipes end without an error (on uvloop, EOF towards a transport already closed raised
+    RuntimeError out of the connection's task) and a new connection through it works."""
+
+    errors: list[dict[str, object]] = []
+
+    async def run() -> tuple[int, bytes, bytes]:
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
+        server, port, writers = await _echo_server()
+        proxy = DelayProxy(("127.0.0.1", port), delay_s=0.0)
+        host, proxy_port = await proxy.start()
+        try:
+            reader, writer = await asyncio.open_connection(host, proxy_port)
+            writer.write(b"ping")
+            async with asyncio.timeout(30):
+                first = await reader.readexactly(4)
+                dropped = proxy.drop_connections()
+                tail = await reader.read()  # EOF, not a hang
+            writer.close()
+            async with asyncio.timeout(30):
+                while proxy._tasks:  # every pipe of the dropped link has ended
+                    await asyncio.sleep(0.01)
+            again, _ = await _through_proxy_at(host, proxy_port, b"again")
+            return dropped, first + tail, again
+        finally:
+            await proxy.stop()
+            server.close()
+            for w in writers:
+                w.close()
+
+    dropped, before, after = loops.run(run(), event_loop_kind)
+    assert dropped == 1
+    assert errors == []  # no pipe ended on an exception
+    assert before == b"ping"
+    assert after == b"again"
+
+
+async def _through_proxy_at(host: str, port: int, payload: bytes) -> tuple[bytes, None]:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(payload)
+    async with asyncio.timeout(30):
+        echoed = await reader.readexactly(len(payload))
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return echoed, None

@@ -141,8 +141,10 @@ class DelayProxy:
                 if wait > 0:
                     await asyncio.sleep(wait)
                 if not data:
-                    with contextlib.suppress(OSError):
-                        if writer.can_write_eof():
+                    # uvloop raises RuntimeError on a transport already closed (a dropped
+                    # link), where asyncio's does nothing: either way there is no EOF to send
+                    with contextlib.suppress(OSError, RuntimeError):
+                        if not writer.transport.is_closing() and writer.can_write_eof():
                             writer.write_eof()
                     return
                 writer.write(data)

@@ -223,13 +223,8 @@ def run_scenario(
         if scenario == "kill-restart":  # its replacement may start twice as slowly
             recovered_s = FAULT_AT_S + DOWN_S + 2 * start_s + GRACE_S
             duration_s = max(duration_s, recovered_s + AFTER_RECOVERY_S)
-        # the drop scenario's proxy runs on this loop, and on uvloop its pipe's write_eof() on a
-        # transport already closed raises RuntimeError (asyncio's does nothing), which ends that
-        # pipe and leaves its other direction open: the instrument, not the client, fails. It
-        # runs on asyncio's loop until transports/proxy.py allows for that; the row says which.
-        loop = "asyncio" if scenario == "drop" else "auto"
         drive = _drive(scenario, transport, codec, server, duration_s)
-        point, watched, fault = loops.run(drive, loop)
+        point, watched, fault = loops.run(drive, server_process.requested_loop())
     return row(scenario, transport, codec, point, watched, fault, duration_s)
 
 
