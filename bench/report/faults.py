@@ -122,7 +122,8 @@ def section(raw_dir: Path) -> str:
             "",
             f"The open-loop generator sends `{first['workload']}` streams (paced at "
             f"{DECODE_MS:g} ms a token) at {first['rate_rps']:g} requests/s for "
-            f"{first['duration_s']:g} s to a server in its own process; after "
+            f"{min(r['duration_s'] for r in rows):g} s (longer where a restart is slow: "
+            "each row's own) to a server in its own process; after "
             f"{FAULT_AT_S:g} s, a fault: *kill-restart* kills the server (SIGKILL) and starts a "
             f"new one on the same port {DOWN_S:g} s later; *drop* aborts every connection "
             f"({DROPS} times, {DROP_EVERY_S:g} s apart) in a proxy between them; *stall* "
