@@ -122,8 +122,7 @@ def section(raw_dir: Path) -> str:
             "",
             f"The open-loop generator sends `{first['workload']}` streams (paced at "
             f"{DECODE_MS:g} ms a token) at {first['rate_rps']:g} requests/s for "
-            f"{min(r['duration_s'] for r in rows):g} s (longer where a restart is slow: "
-            "each row's own) to a server in its own process; after "
+            f"{_durations(rows)} to a server in its own process; after "
             f"{FAULT_AT_S:g} s, a fault: *kill-restart* kills the server (SIGKILL) and starts a "
             f"new one on the same port {DOWN_S:g} s later; *drop* aborts every connection "
             f"({DROPS} times, {DROP_EVERY_S:g} s apart) in a proxy between them; *stall* "
@@ -143,3 +142,9 @@ def section(raw_dir: Path) -> str:
     if hostile_rows:
         out += bad_inputs.subsection(hostile_rows)
     return "\n".join(out)
+
+
+def _durations(rows: list[dict[str, Any]]) -> str:
+    """How long the runs lasted: a kill-restart run is lengthened by a slow restart."""
+    low, high = min(r["duration_s"] for r in rows), max(r["duration_s"] for r in rows)
+    return f"{low:g} s" if low == high else f"{low:g}-{high:g} s (a slow restart lengthens its run)"
