@@ -221,27 +221,28 @@ class GrpcServer(Server):
         if stamps is not None:
             context.set_trailing_metadata(((TRAILER_BIN, stamps.pack()),))
 
-    async def _generate(
-        self, data: bytes, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
+    # The two generates write with context.write (grpc's reader/writer API) rather than being
+    # async generators themselves: grpc would otherwise drive one more generator per message
+    # (its loop over the handler's, which loops over ours).
+
+    async def _generate(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
         stream, stamps = await self._opened(data, context)
         messages = self._messages(stream, stamps)
+        write = context.write
         async with contextlib.aclosing(messages):
             async for message in messages:
-                yield message
+                await write(message)
                 if stamps is not None:
-                    stamps.written()  # grpc took the message: the nearest to "written" it tells
+                    stamps.written()  # grpc sent the message: the nearest to "written" it tells
         self._send_stamps(context, stamps)
 
-    async def _generate_batched(
-        self, data: bytes, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
+    async def _generate_batched(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
         stream, stamps = await self._opened(data, context)
         encoder = self.codec.stream_encoder()
         pieces = stream_frames(self.service, stream, encoder, stamps, end_in_last=True)
         async with contextlib.aclosing(pieces):
             async for piece in pieces:
-                yield envelope.write_stream_bytes(piece)
+                await context.write(envelope.write_stream_bytes(piece))
                 if stamps is not None:
                     stamps.written()
         self._send_stamps(context, stamps)
