@@ -62,6 +62,13 @@ from .streams import ChunkReader, stream_frames, stream_messages
 from .timing import TRAILER, ServerStamps, StreamTiming, now_ns, unpack
 
 TRAILER_BIN: Final = TRAILER + "-bin"
+BATCH_CHUNKS: Final = 256
+"""Most chunks one ``GenerateBatched`` message carries. The other transports write at most
+``MAX_BATCH_CHUNKS`` (32, about 8 KiB of SSE) at once, a socket write being cheap; a gRPC
+message costs tens of microseconds on each end whatever it holds, so here everything that is
+due goes at once up to a bound of its own (256 chunks: some 70 KiB of SSE, 400 KiB with top-5
+logprobs, far inside the 4 MiB message limit). Paced, a batch holds what is due, one chunk,
+whatever the bound."""
 INFERENCE: Final = pb.DESCRIPTOR.services_by_name["Inference"]
 SERVICE: Final = INFERENCE.full_name
 
@@ -239,7 +246,9 @@ class GrpcServer(Server):
     async def _generate_batched(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
         stream, stamps = await self._opened(data, context)
         encoder = self.codec.stream_encoder()
-        pieces = stream_frames(self.service, stream, encoder, stamps, end_in_last=True)
+        pieces = stream_frames(
+            self.service, stream, encoder, stamps, max_chunks=BATCH_CHUNKS, end_in_last=True
+        )
         async with contextlib.aclosing(pieces):
             async for piece in pieces:
                 await context.write(envelope.write_stream_bytes(piece))
