@@ -8,8 +8,8 @@ and -0.0 != 0.0: a round trip must keep the exact bits).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any, Final
 
 import numpy as np

@@ -28,9 +28,9 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire import workloads
 from inferwire.transports import grpc_envelope as envelope
 from inferwire.transports.grpc_transport import BATCH_CHUNKS, GrpcClient, _request_to_pb
-from inferwire import workloads
 from inferwire.workloads import token_stream_source
 from tests.fault_helpers import expected_chunks, server_process, serving
 
@@ -98,10 +98,12 @@ def test_the_per_message_rpc_stays_one_chunk_a_message() -> None:
     request = it.GenerateRequest(workload="stream-16")
 
     async def run() -> None:
-        async with serving("grpc", "protobuf") as srv:
-            async with grpc.aio.insecure_channel(srv.address) as channel:
-                call = channel.unary_stream(f"/{SERVICE}/Generate")
-                messages = [m async for m in call(_request_bytes(request))]
+        async with (
+            serving("grpc", "protobuf") as srv,
+            grpc.aio.insecure_channel(srv.address) as channel,
+        ):
+            call = channel.unary_stream(f"/{SERVICE}/Generate")
+            messages = [m async for m in call(_request_bytes(request))]
         codec = ic.get("protobuf")
         assert [codec.decode(m, ic.TokenChunk) for m in messages] == expected_chunks("stream-16")
 
@@ -147,14 +149,16 @@ async def _fake_batched(messages: list[bytes]) -> AsyncIterator[str]:
 async def _read_from(messages: list[bytes], codec: str) -> tuple[int, BaseException | None]:
     """Chunks read from a fake server of ``messages``, and the error the stream ended with."""
     received = 0
-    async with _fake_batched(messages) as address:
-        async with it.connect("grpc", address, codec=codec, batched=True) as client:
-            try:
-                async with asyncio.timeout(BOUND_S):
-                    async for _ in client.generate(it.GenerateRequest(workload="stream-16")):
-                        received += 1
-            except it.TransportError as exc:
-                return received, exc
+    async with (
+        _fake_batched(messages) as address,
+        it.connect("grpc", address, codec=codec, batched=True) as client,
+    ):
+        try:
+            async with asyncio.timeout(BOUND_S):
+                async for _ in client.generate(it.GenerateRequest(workload="stream-16")):
+                    received += 1
+        except it.TransportError as exc:
+            return received, exc
     return received, None
 
 
@@ -262,10 +266,12 @@ def test_the_floor_server_streams_our_messages(codec: str) -> None:
         async def run() -> tuple[list[bytes], list[bytes]]:
             async with grpc.aio.insecure_channel(address) as channel:
                 floor = [m async for m in channel.unary_stream(FLOOR_METHOD)(b"")]
-            async with serving("grpc", codec) as srv:
-                async with grpc.aio.insecure_channel(srv.address) as channel:
-                    call = channel.unary_stream(f"/{SERVICE}/Generate")
-                    ours = [m async for m in call(_request_bytes(it.GenerateRequest()))]
+            async with (
+                serving("grpc", codec) as srv,
+                grpc.aio.insecure_channel(srv.address) as channel,
+            ):
+                call = channel.unary_stream(f"/{SERVICE}/Generate")
+                ours = [m async for m in call(_request_bytes(it.GenerateRequest()))]
             return floor, ours
 
         floor, ours = asyncio.run(run())

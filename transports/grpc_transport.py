@@ -374,10 +374,8 @@ class GrpcClient(Client):
             raise MessageTooLargeError(f"grpc: request of {size} bytes is over the limit")
 
     def _reader(self, timing: StreamTiming | None = None) -> ChunkReader:
-        if self.batched:  # the codec's stream bytes, in pieces
-            reader = ChunkReader.of_bytes
-        else:
-            reader = ChunkReader.of_messages
+        # batched: the codec's stream bytes, in pieces; else its message stream
+        reader = ChunkReader.of_bytes if self.batched else ChunkReader.of_messages
         return reader(self.codec, self.limits.max_message_bytes, self._what, timing)
 
     async def infer(self, request: ic.InferRequest) -> ic.InferResponse:

@@ -3,11 +3,11 @@
 A server turns the service's chunks into bytes with :class:`ChunkWriter` (timed or not: the
 stamps object decides, not a second loop); :func:`stream_frames` is its whole loop, one piece of
 bytes per batch of due chunks, and :func:`stream_messages` the loop of a transport that sends
-one message per chunk (gRPC's ``Generate``). A client turns bytes (or, on gRPC, messages) back into chunks
-with :class:`ChunkReader`: codec errors become the transport's :class:`ProtocolError`, chunks
-are counted and, when timed, stamped, and an ending without the codec's end marker is a
-:class:`StreamTruncatedError`, never a short complete stream. The socket loops around them stay
-in the transports and do I/O only.
+one message per chunk (gRPC's ``Generate``). A client turns bytes (or, on gRPC, messages) back
+into chunks with :class:`ChunkReader`: codec errors become the transport's
+:class:`ProtocolError`, chunks are counted and, when timed, stamped, and an ending without the
+codec's end marker is a :class:`StreamTruncatedError`, never a short complete stream. The socket
+loops around them stay in the transports and do I/O only.
 """
 
 from __future__ import annotations
