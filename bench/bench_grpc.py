@@ -48,7 +48,7 @@ CODECS: Final = ("orjson", "protobuf", "delta")
 WORKLOAD: Final = "stream-256"
 PAIRS: Final = 21
 """Rounds of each unpaced comparison: a gRPC stream of 256 messages lasts tens of ms."""
-PACED_PAIRS: Final = 11
+PACED_PAIRS: Final = 21
 DECODE_MS: Final = 1.0
 PACED_TOKENS: Final = 64
 """A paced stream is cut to this many tokens: 63 gaps of DECODE_MS, ~65 ms a stream."""
