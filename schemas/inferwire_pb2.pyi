@@ -130,6 +130,12 @@ class StreamEnd(_message.Message):
     chunk_count: int
     def __init__(self, chunk_count: _Optional[int] = ...) -> None: ...
 
+class StreamBytes(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
 class SessionRequest(_message.Message):
     __slots__ = ("request_id", "infer", "generate")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -44,6 +44,11 @@ class InferenceStub:
                 request_serializer=inferwire_dot_schemas_dot_inferwire__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=inferwire_dot_schemas_dot_inferwire__pb2.TokenChunk.FromString,
                 _registered_method=True)
+        self.GenerateBatched = channel.unary_stream(
+                '/inferwire.v1.Inference/GenerateBatched',
+                request_serializer=inferwire_dot_schemas_dot_inferwire__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=inferwire_dot_schemas_dot_inferwire__pb2.StreamBytes.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/inferwire.v1.Inference/Session',
                 request_serializer=inferwire_dot_schemas_dot_inferwire__pb2.SessionRequest.SerializeToString,
@@ -62,6 +67,14 @@ class InferenceServicer:
 
     def Generate(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateBatched(self, request, context):
+        """The same stream, one message per batch of due chunks rather than one per chunk (the
+        batching of every other transport's one write per batch).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -87,6 +100,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=inferwire_dot_schemas_dot_inferwire__pb2.GenerateRequest.FromString,
                     response_serializer=inferwire_dot_schemas_dot_inferwire__pb2.TokenChunk.SerializeToString,
+            ),
+            'GenerateBatched': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateBatched,
+                    request_deserializer=inferwire_dot_schemas_dot_inferwire__pb2.GenerateRequest.FromString,
+                    response_serializer=inferwire_dot_schemas_dot_inferwire__pb2.StreamBytes.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -148,6 +166,33 @@ class Inference:
             '/inferwire.v1.Inference/Generate',
             inferwire_dot_schemas_dot_inferwire__pb2.GenerateRequest.SerializeToString,
             inferwire_dot_schemas_dot_inferwire__pb2.TokenChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateBatched(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/inferwire.v1.Inference/GenerateBatched',
+            inferwire_dot_schemas_dot_inferwire__pb2.GenerateRequest.SerializeToString,
+            inferwire_dot_schemas_dot_inferwire__pb2.StreamBytes.FromString,
             options,
             channel_credentials,
             insecure,

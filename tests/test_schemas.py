@@ -72,16 +72,18 @@ def test_the_proto_has_no_language_specific_options() -> None:
 def test_the_grpc_service() -> None:
     service = pb.DESCRIPTOR.services_by_name["Inference"]
     methods = {m.name: m for m in service.methods}
-    assert set(methods) == {"Infer", "Generate", "Session"}
+    assert set(methods) == {"Infer", "Generate", "GenerateBatched", "Session"}
     streaming = {name: (m.client_streaming, m.server_streaming) for name, m in methods.items()}
     assert streaming == {
         "Infer": (False, False),
         "Generate": (False, True),
+        "GenerateBatched": (False, True),
         "Session": (True, True),
     }
     assert methods["Infer"].input_type.name == "InferRequest"
     assert methods["Infer"].output_type.name == "InferResponse"
     assert methods["Generate"].output_type.name == "TokenChunk"
+    assert methods["GenerateBatched"].output_type.name == "StreamBytes"
 
 
 def test_the_proto_holds_the_whole_model() -> None:

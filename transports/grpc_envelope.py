@@ -12,6 +12,14 @@ the generated classes would parse the fields as protobuf.
 A ``chunk`` field holds one message of the codec's message stream (a stateful codec's header,
 frames and end marker included); ``end`` is a ``StreamEnd`` counting the chunks sent; ``error``
 answers a request the server refused, and the session goes on.
+
+``GenerateBatched`` answers with ``StreamBytes`` messages: field 1 holds the codec's *stream*
+bytes of one batch of due chunks (SSE, NDJSON or length-prefixed frames, as ``tcp`` writes
+them), the last batch ending with the codec's end marker. The codec's own framing, not one of
+ours around each chunk: the client feeds the bytes to the codec's stream decoder, whose end
+marker (with its count, where the framing has one) proves the stream whole, as on every other
+transport. The one-field wrapper costs three or four bytes a batch and keeps the method's
+messages what the schema says they are.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from .errors import ProtocolError
 
 _REQUEST_ID: Final = pbwire.key(1, pbwire.VARINT)
 _END_COUNT: Final = pbwire.key(1, pbwire.VARINT)
+_STREAM_DATA: Final = pbwire.key(1, pbwire.LEN)
 
 
 class RequestKind(IntEnum):
@@ -96,3 +105,30 @@ def read_end(payload: bytes, what: str) -> int:
     except DecodeError as exc:
         raise ProtocolError(f"{what}: bad StreamEnd: {exc}") from exc
     return count
+
+
+def write_stream_bytes(data: bytes) -> bytes:
+    """A ``StreamBytes`` holding ``data``."""
+    return _STREAM_DATA + pbwire.varint(len(data)) + data
+
+
+def read_stream_bytes(message: bytes, what: str) -> bytes:
+    """The ``data`` of a ``StreamBytes`` (empty if absent, the last if repeated: protobuf's
+    rules; other fields are skipped). Raises :class:`ProtocolError` for bytes that are not
+    one."""
+    data = b""
+    pos, end = 0, len(message)
+    try:
+        while pos < end:
+            tag, pos = pbwire.read_varint(message, pos, end)
+            if tag == 0x0A:  # field 1, length-delimited
+                length, pos = pbwire.read_varint(message, pos, end)
+                if length > end - pos:
+                    raise ProtocolError(f"{what}: StreamBytes data longer than the message")
+                data = message[pos : pos + length]
+                pos += length
+            else:
+                pos = pbwire.skip(message, pos, end, tag & 7)
+    except DecodeError as exc:
+        raise ProtocolError(f"{what}: bad StreamBytes: {exc}") from exc
+    return data

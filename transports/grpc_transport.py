@@ -1,15 +1,23 @@
 """``grpc``: grpcio's asyncio API, on the ``inferwire.v1.Inference`` service of ``schemas/``.
 
-``Infer`` is unary, ``Generate`` server-streaming, ``Session`` one long-lived bidirectional
-stream carrying many requests in turn. The request of ``Generate`` is always the schema's
-``GenerateRequest``; the model's messages are the codec's bytes, carried through generic
-(bytes in, bytes out) handlers and calls:
+``Infer`` is unary, ``Generate`` and ``GenerateBatched`` server-streaming, ``Session`` one
+long-lived bidirectional stream carrying many requests in turn. The request of both generates
+is always the schema's ``GenerateRequest``; the model's messages are the codec's bytes, carried
+through generic (bytes in, bytes out) handlers and calls:
 
-* a token stream is the codec's *message stream* (:meth:`inferwire.codecs.Codec.message_encoder`),
-  one gRPC message each: with a codec whose chunks are independent (``protobuf``, the JSON and
-  MessagePack codecs) one chunk a message, so that with ``protobuf`` ``Generate`` is exactly the
-  schema's ``stream TokenChunk``; with a stateful one (``delta``) one frame a message, header and
-  end marker included;
+* ``Generate`` sends a token stream as the codec's *message stream*
+  (:meth:`inferwire.codecs.Codec.message_encoder`), one gRPC message each: with a codec whose
+  chunks are independent (``protobuf``, the JSON and MessagePack codecs) one chunk a message,
+  so that with ``protobuf`` ``Generate`` is exactly the schema's ``stream TokenChunk``; with a
+  stateful one (``delta``) one frame a message, header and end marker included. It is the
+  one-chunk-per-message reference, and what a gRPC client of the schema expects;
+* ``GenerateBatched`` sends one message per batch of due chunks: the codec's *stream* bytes of
+  the batch (what ``tcp`` writes at once), in a ``StreamBytes``, the end marker with the last
+  (:mod:`inferwire.transports.grpc_envelope`). Each gRPC message costs tens of microseconds on
+  each end whatever it holds, so when the model outruns the wire this is the difference
+  between paying that per token and per batch; paced, a batch holds the one chunk that is due,
+  sent as soon as it is, so neither waits for the other. A client asks for it with
+  ``batched=True`` (``it.connect("grpc", address, batched=True)``);
 * ``Infer`` carries the codec's ``InferRequest`` and ``InferResponse``;
 * ``Session`` wraps each in the schema's envelopes (:mod:`inferwire.transports.grpc_envelope`).
 
@@ -50,10 +58,17 @@ from .errors import (
 from .grpc_envelope import RequestKind, ResponseKind
 from .grpc_standard import StandardServices
 from .service import GenerateRequest, TokenStream
-from .streams import ChunkReader, stream_frames
+from .streams import ChunkReader, stream_frames, stream_messages
 from .timing import TRAILER, ServerStamps, StreamTiming, now_ns, unpack
 
 TRAILER_BIN: Final = TRAILER + "-bin"
+BATCH_CHUNKS: Final = 256
+"""Most chunks one ``GenerateBatched`` message carries. The other transports write at most
+``MAX_BATCH_CHUNKS`` (32, about 8 KiB of SSE) at once, a socket write being cheap; a gRPC
+message costs tens of microseconds on each end whatever it holds, so here everything that is
+due goes at once up to a bound of its own (256 chunks: some 70 KiB of SSE, 400 KiB with top-5
+logprobs, far inside the 4 MiB message limit). Paced, a batch holds what is due, one chunk,
+whatever the bound."""
 INFERENCE: Final = pb.DESCRIPTOR.services_by_name["Inference"]
 SERVICE: Final = INFERENCE.full_name
 
@@ -117,6 +132,7 @@ class GrpcServer(Server):
         handlers = {
             "Infer": grpc.unary_unary_rpc_method_handler(self._infer),
             "Generate": grpc.unary_stream_rpc_method_handler(self._generate),
+            "GenerateBatched": grpc.unary_stream_rpc_method_handler(self._generate_batched),
             "Session": grpc.stream_stream_rpc_method_handler(self._session),
         }
         kserve = kserve_grpc.KServeGrpc(self.service)  # KServe v2 / Open Inference Protocol
@@ -172,12 +188,11 @@ class GrpcServer(Server):
         except ic.CodecError as exc:
             raise BadRequestError(str(exc)) from exc
 
-    def _frames(
+    def _messages(
         self, stream: TokenStream, stamps: ServerStamps | None = None
     ) -> AsyncGenerator[bytes, None]:
         """The gRPC messages of one stream: one chunk (or delta frame) a message."""
-        encoder = self.codec.message_encoder()
-        return stream_frames(self.service, stream, encoder, stamps, max_chunks=1)
+        return stream_messages(self.service, stream, self.codec.message_encoder(), stamps)
 
     async def _infer(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
@@ -186,9 +201,11 @@ class GrpcServer(Server):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # abort raises; this line is never reached
 
-    async def _generate(
+    async def _opened(
         self, data: bytes, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
+    ) -> tuple[TokenStream, ServerStamps | None]:
+        """The stream a generate RPC asks for, and its stamps if it asked for timing; a
+        request that cannot be served is aborted with its status."""
         received_ns = now_ns()
         if ic.TokenChunk not in self.codec.types:
             await context.abort(
@@ -199,18 +216,45 @@ class GrpcServer(Server):
             stream = self._open(data)
         except BadRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # abort raises; this line is never reached
         stamps = None
         if stream.request.timing:
             stamps = ServerStamps(received_ns)
             stamps.parsed()
-        frames = self._frames(stream, stamps)
-        async with contextlib.aclosing(frames):
-            async for message in frames:
-                yield message
-                if stamps is not None:
-                    stamps.written()  # grpc took the message: the nearest to "written" it tells
+        return stream, stamps
+
+    @staticmethod
+    def _send_stamps(context: grpc.aio.ServicerContext, stamps: ServerStamps | None) -> None:
         if stamps is not None:
             context.set_trailing_metadata(((TRAILER_BIN, stamps.pack()),))
+
+    # The two generates write with context.write (grpc's reader/writer API) rather than being
+    # async generators themselves: grpc would otherwise drive one more generator per message
+    # (its loop over the handler's, which loops over ours).
+
+    async def _generate(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
+        stream, stamps = await self._opened(data, context)
+        messages = self._messages(stream, stamps)
+        write = context.write
+        async with contextlib.aclosing(messages):
+            async for message in messages:
+                await write(message)
+                if stamps is not None:
+                    stamps.written()  # grpc sent the message: the nearest to "written" it tells
+        self._send_stamps(context, stamps)
+
+    async def _generate_batched(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
+        stream, stamps = await self._opened(data, context)
+        encoder = self.codec.stream_encoder()
+        pieces = stream_frames(
+            self.service, stream, encoder, stamps, max_chunks=BATCH_CHUNKS, end_in_last=True
+        )
+        async with contextlib.aclosing(pieces):
+            async for piece in pieces:
+                await context.write(envelope.write_stream_bytes(piece))
+                if stamps is not None:
+                    stamps.written()
+        self._send_stamps(context, stamps)
 
     async def _session(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
@@ -236,9 +280,9 @@ class GrpcServer(Server):
         except BadRequestError as exc:
             yield envelope.write(request_id, ResponseKind.ERROR, str(exc).encode())
             return
-        frames = self._frames(stream)
-        async with contextlib.aclosing(frames):
-            async for message in frames:
+        messages = self._messages(stream)
+        async with contextlib.aclosing(messages):
+            async for message in messages:
                 yield envelope.write(request_id, ResponseKind.CHUNK, message)
         yield envelope.write_end(request_id, len(stream.chunks))
 
@@ -293,13 +337,24 @@ def _mapped(what: str, stream: ChunkReader | None = None) -> Iterator[None]:
 
 
 class GrpcClient(Client):
-    """One channel, reused by every call. ``deadline_s`` bounds each call (None: no deadline)."""
+    """One channel, reused by every call. ``deadline_s`` bounds each call (None: no deadline).
+    ``batched``: :meth:`generate` calls ``GenerateBatched`` (one message per batch of due
+    chunks) rather than ``Generate`` (one per chunk)."""
 
     transport: ClassVar[str] = "grpc"
 
-    def __init__(self, *args: object, deadline_s: float | None = None, **kwargs: object) -> None:
+    def __init__(
+        self,
+        *args: object,
+        deadline_s: float | None = None,
+        batched: bool = False,
+        **kwargs: object,
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        if type(batched) is not bool:
+            raise ValueError("batched must be True or False")
         self.deadline_s = deadline_s
+        self.batched = batched
         target = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         options = [*_channel_options(self.limits.max_message_bytes), *_RECONNECT_OPTIONS]
         if self.tls is not None:
@@ -308,8 +363,10 @@ class GrpcClient(Client):
         else:
             self.channel = grpc.aio.insecure_channel(target, options=options)
         self._infer_bytes = self.channel.unary_unary(_path("Infer"))
+        self._method = "GenerateBatched" if batched else "Generate"
+        self._what = f"grpc {self._method}"
         self._generate_bytes = self.channel.unary_stream(
-            _path("Generate"), request_serializer=pb.GenerateRequest.SerializeToString
+            _path(self._method), request_serializer=pb.GenerateRequest.SerializeToString
         )
 
     def _check_size(self, size: int) -> None:
@@ -317,8 +374,9 @@ class GrpcClient(Client):
             raise MessageTooLargeError(f"grpc: request of {size} bytes is over the limit")
 
     def _reader(self, timing: StreamTiming | None = None) -> ChunkReader:
-        what = "grpc Generate"
-        return ChunkReader.of_messages(self.codec, self.limits.max_message_bytes, what, timing)
+        # batched: the codec's stream bytes, in pieces; else its message stream
+        reader = ChunkReader.of_bytes if self.batched else ChunkReader.of_messages
+        return reader(self.codec, self.limits.max_message_bytes, self._what, timing)
 
     async def infer(self, request: ic.InferRequest) -> ic.InferResponse:
         payload = self.codec.encode(request)
@@ -341,9 +399,13 @@ class GrpcClient(Client):
             # grpc serializes and sends in the background: the call is started by now
             timing.request_sent_ns = now_ns()
         done = False
+        what = self._what
+        batched = self.batched
         try:
-            with _mapped("Generate", stream):
+            with _mapped(self._method, stream):
                 async for data in call:
+                    if batched:
+                        data = envelope.read_stream_bytes(data, what)
                     for chunk in stream.feed(data):
                         yield chunk
                 stream.close()
@@ -351,7 +413,7 @@ class GrpcClient(Client):
                     trailing = dict(await call.trailing_metadata() or ())
                     packed = trailing.get(TRAILER_BIN)
                     if not isinstance(packed, bytes):
-                        raise ProtocolError("grpc Generate: the timed stream has no timing trailer")
+                        raise ProtocolError(f"{what}: the timed stream has no timing trailer")
                     timing.set_server(unpack(packed))
             done = True
         finally:

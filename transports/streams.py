@@ -2,11 +2,12 @@
 
 A server turns the service's chunks into bytes with :class:`ChunkWriter` (timed or not: the
 stamps object decides, not a second loop); :func:`stream_frames` is its whole loop, one piece of
-bytes per batch of due chunks. A client turns bytes (or, on gRPC, messages) back into chunks
-with :class:`ChunkReader`: codec errors become the transport's :class:`ProtocolError`, chunks
-are counted and, when timed, stamped, and an ending without the codec's end marker is a
-:class:`StreamTruncatedError`, never a short complete stream. The socket loops around them stay
-in the transports and do I/O only.
+bytes per batch of due chunks, and :func:`stream_messages` the loop of a transport that sends
+one message per chunk (gRPC's ``Generate``). A client turns bytes (or, on gRPC, messages) back
+into chunks with :class:`ChunkReader`: codec errors become the transport's
+:class:`ProtocolError`, chunks are counted and, when timed, stamped, and an ending without the
+codec's end marker is a :class:`StreamTruncatedError`, never a short complete stream. The socket
+loops around them stay in the transports and do I/O only.
 """
 
 from __future__ import annotations
@@ -57,15 +58,52 @@ async def stream_frames(
     stamps: ServerStamps | None = None,
     *,
     max_chunks: int = MAX_BATCH_CHUNKS,
+    end_in_last: bool = False,
 ) -> AsyncGenerator[bytes, None]:
     """The paced stream as the pieces a server sends: one per batch of due chunks (see
-    :meth:`SimulatedService.batches`), then the end marker if the codec has one. Closing the
-    generator ends the stream on the service."""
+    :meth:`SimulatedService.batches`), then the end marker if the codec has one: a piece of
+    its own, or with ``end_in_last`` appended to the batch that holds the stream's last chunk
+    (the stream's length is known from the start, so this waits for nothing; it saves a
+    message where each one costs, as on gRPC). Closing the generator ends the stream on the
+    service."""
     writer = ChunkWriter(encoder, stamps)
+    remaining = len(stream.chunks)
     async with contextlib.aclosing(service.batches(stream, max_chunks=max_chunks)) as batches:
         async for batch in batches:
+            remaining -= len(batch)
+            if end_in_last and remaining == 0:
+                yield writer.write(batch) + writer.end()
+                return
             yield writer.write(batch)
     end = writer.end()
+    if end:
+        yield end
+
+
+async def stream_messages(
+    service: SimulatedService,
+    stream: TokenStream,
+    encoder: ic.StreamEncoder,
+    stamps: ServerStamps | None = None,
+) -> AsyncGenerator[bytes, None]:
+    """The paced stream as one message per chunk (``encoder``: the codec's
+    :meth:`~inferwire.codecs.Codec.message_encoder`), then the end message if the codec's
+    message stream has one. Each chunk goes out as soon as the service hands it over; the
+    service's batches only save this loop a turn of the service's generator per chunk when
+    the model outruns the wire. Closing the generator ends the stream on the service."""
+    encode = encoder.encode
+    async with contextlib.aclosing(service.batches(stream)) as batches:
+        async for batch in batches:
+            if stamps is None:
+                for chunk in batch:
+                    yield encode(chunk)
+            else:
+                for chunk in batch:
+                    produced = now_ns()
+                    message = encode(chunk)
+                    stamps.encoded(produced, now_ns())
+                    yield message
+    end = encoder.end()
     if end:
         yield end
 

@@ -68,6 +68,7 @@ SUITES = (
     # same in every process by construction
     ("bench_codecs.py", results.CODECS_RAW, True),
     ("bench_transports.py", results.TRANSPORTS_RAW, True),
+    ("bench_grpc.py", results.GRPC_RAW, True),
     ("bench_connections.py", results.CONNECTIONS_RAW, True),
     ("bench_stages.py", results.STAGES_RAW, True),
     ("bench_load.py", results.LOAD_RAW, True),
