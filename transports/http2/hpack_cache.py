@@ -95,16 +95,20 @@ def table_neutral(block: bytes) -> bool:
     return True
 
 
+_PLAIN: Final = {tuple}
+
+
 class CachingEncoder(hpack.Encoder):
     """hpack's encoder; a field list it encoded into a table-neutral block is answered from
-    memory until the table changes. Only lists of plain 2-tuples are remembered (a
-    ``NeverIndexedHeaderTuple`` compares equal to a plain tuple but must not be indexed)."""
+    memory until the table changes. Only lists of plain tuples are remembered: a
+    ``NeverIndexedHeaderTuple`` compares equal to a plain tuple but must not be indexed (a
+    plain 3-tuple ``(name, value, sensitive)`` is its own key)."""
 
     def __init__(self) -> None:
         self._blocks: dict[tuple[Any, ...], bytes] = {}
         super().__init__()
 
-    @property  # type: ignore[override]
+    @property
     def header_table_size(self) -> int:
         return self.header_table.maxsize
 
@@ -115,7 +119,7 @@ class CachingEncoder(hpack.Encoder):
 
     def encode(self, headers: Any, huffman: bool = True) -> bytes:
         key: tuple[Any, ...] | None = None
-        if type(headers) is list and all(type(h) is tuple and len(h) == 2 for h in headers):
+        if type(headers) is list and set(map(type, headers)) == _PLAIN:
             key = (huffman, *headers)
             block = self._blocks.get(key)
             if block is not None:
@@ -140,7 +144,7 @@ class CachingDecoder(hpack.Decoder):
         self._max_allowed_table_size = 0
         super().__init__(max_header_list_size)
 
-    @property  # type: ignore[override]
+    @property
     def max_header_list_size(self) -> int:
         return self._max_header_list_size
 
@@ -149,7 +153,7 @@ class CachingDecoder(hpack.Decoder):
         self._lists.clear()
         self._max_header_list_size = value
 
-    @property  # type: ignore[override]
+    @property
     def max_allowed_table_size(self) -> int:
         return self._max_allowed_table_size
 
@@ -158,7 +162,7 @@ class CachingDecoder(hpack.Decoder):
         self._lists.clear()
         self._max_allowed_table_size = value
 
-    @property  # type: ignore[override]
+    @property
     def header_table_size(self) -> int:
         return self.header_table.maxsize
 
