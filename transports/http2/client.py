@@ -39,6 +39,7 @@ from ..openai_api import chat_request_body
 from ..service import GenerateRequest
 from ..streams import ChunkReader
 from ..timing import TRAILER, StreamTiming, now_ns, unpack_text
+from .fields import InboundFields
 from .flow import WINDOW_BYTES, FlowControl, Writer, h2_connection
 
 _ERRORS: Final[ErrorMap] = {h2.exceptions.H2Error: ProtocolError}
@@ -66,6 +67,7 @@ class _ClientStream:
 class ClientProtocol(asyncio.Protocol):
     def __init__(self, timeout_s: float) -> None:
         self.conn = h2_connection(client_side=True)
+        self.fields = InboundFields(client_side=True)
         self.streams: dict[int, _ClientStream] = {}
         self.flow = FlowControl(timeout_s)
         self.writer: Writer | None = None
@@ -121,23 +123,42 @@ class ClientProtocol(asyncio.Protocol):
         self._fail_all(StreamTruncatedError(f"http2: connection lost ({exc!r})"))
         self.lost.set()
 
+    def _protocol_error(self, exc: h2.exceptions.ProtocolError) -> None:
+        self.flush()  # h2's GOAWAY
+        self.transport.close()
+        failure = translate(exc, "http2", _ERRORS)
+        failure.__cause__ = exc
+        self._fail_all(failure)
+
     def data_received(self, data: bytes) -> None:
         try:
             events = self.conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
-            self.flush()
-            self.transport.close()
-            failure = translate(exc, "http2", _ERRORS)
-            failure.__cause__ = exc
-            self._fail_all(failure)
+            self._protocol_error(exc)
             return
         for event in events:
+            if isinstance(
+                event,
+                (
+                    h2.events.ResponseReceived,
+                    h2.events.TrailersReceived,
+                    h2.events.InformationalResponseReceived,
+                ),
+            ):
+                try:  # h2's checks, which it leaves to us (fields.py says why)
+                    fields = self.fields.check(
+                        event.headers, trailer=isinstance(event, h2.events.TrailersReceived)
+                    )
+                except h2.exceptions.ProtocolError as exc:
+                    with contextlib.suppress(h2.exceptions.H2Error):
+                        self.conn.close_connection(h2.errors.ErrorCodes.PROTOCOL_ERROR)
+                    self._protocol_error(exc)
+                    return
             stream_id = getattr(event, "stream_id", None)
             stream = self.streams.get(stream_id) if stream_id else None
             if isinstance(event, h2.events.ResponseReceived) and stream is not None:
                 stream.headers = {
-                    bytes(k).decode("latin-1"): bytes(v).decode("latin-1")
-                    for k, v in event.headers or ()
+                    bytes(k).decode("latin-1"): bytes(v).decode("latin-1") for k, v in fields
                 }
                 stream.event.set()
             elif isinstance(event, h2.events.DataReceived):
@@ -152,8 +173,7 @@ class ClientProtocol(asyncio.Protocol):
                 stream.event.set()
             elif isinstance(event, h2.events.TrailersReceived) and stream is not None:
                 stream.trailers = {
-                    bytes(k).decode("latin-1"): bytes(v).decode("latin-1")
-                    for k, v in event.headers or ()
+                    bytes(k).decode("latin-1"): bytes(v).decode("latin-1") for k, v in fields
                 }
             elif isinstance(event, h2.events.StreamEnded) and stream is not None:
                 stream.complete = True
@@ -212,6 +232,13 @@ class Http2Client(Client):
         authority = f"[{self.host}]" if ":" in self.host else self.host
         self._authority = f"{authority}:{self.port}"
         self._scheme = "https" if self.ssl_context is not None else "http"
+        # header fields as bytes: h2 would encode str ones on every request, and the HPACK
+        # encoder remembers a list of plain byte tuples (hpack_cache.py)
+        self._fixed_fields = [
+            (b":method", b"POST"),
+            (b":scheme", self._scheme.encode()),
+            (b":authority", self._authority.encode()),
+        ]
         if self.ssl_context is not None:
             self.ssl_context.set_alpn_protocols(["h2"])
 
@@ -269,13 +296,11 @@ class Http2Client(Client):
         stream = _ClientStream()
         protocol.streams[stream_id] = stream
         headers = [
-            (":method", "POST"),
-            (":scheme", self._scheme),
-            (":authority", self._authority),
-            (":path", path),
-            ("content-type", content_type),
-            ("accept", accept),
-            ("content-length", str(len(body))),
+            *self._fixed_fields,
+            (b":path", path.encode()),
+            (b"content-type", content_type.encode()),
+            (b"accept", accept.encode()),
+            (b"content-length", str(len(body)).encode()),
         ]
         writer = protocol.writer
         assert writer is not None

@@ -16,6 +16,7 @@ import h2.connection
 import h2.exceptions
 
 from ..errors import PeerNotReadingError, TransportTimeoutError
+from .hpack_cache import CachingDecoder, CachingEncoder
 
 WINDOW_BYTES: Final = 1 << 20
 """Initial stream window each end advertises: 1 MiB (h2's default 64 KiB would stall a fast
@@ -23,16 +24,24 @@ stream on loopback every few frames)."""
 
 
 def h2_connection(*, client_side: bool) -> h2.connection.H2Connection:
-    """An h2 connection with outbound checks off (we build every header we send) and inbound
-    ones on (peers lie); header names and values stay bytes."""
-    return h2.connection.H2Connection(
+    """An h2 connection with outbound checks off (we build every header we send); the inbound
+    ones (peers lie) are h2's own, run by the caller through :class:`.fields.InboundFields`
+    with a memory of lists that passed, so they are off in h2. Header names and values stay
+    bytes. Its HPACK encoder and decoder remember the blocks that leave the dynamic table as it
+    was (:mod:`.hpack_cache`), set before the connection has encoded or decoded anything."""
+    conn = h2.connection.H2Connection(
         h2.config.H2Configuration(
             client_side=client_side,
             header_encoding=None,
             validate_outbound_headers=False,
             normalize_outbound_headers=False,
+            validate_inbound_headers=False,
+            normalize_inbound_headers=False,
         )
     )
+    conn.encoder = CachingEncoder()
+    conn.decoder = CachingDecoder(conn.decoder.max_header_list_size)
+    return conn
 
 
 class Writer:

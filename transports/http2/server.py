@@ -49,6 +49,7 @@ from ..common import BACKLOG
 from ..errors import PeerLimitError, PeerNotReadingError, TransportTimeoutError
 from ..httpapp import HttpApp, Response, error
 from ..timing import TRAILER, now_ns
+from .fields import InboundFields
 from .flow import WINDOW_BYTES, FlowControl, Writer, h2_connection
 
 _log = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ class ServerProtocol(asyncio.Protocol):
     def __init__(self, server: Http2Server) -> None:
         self.server = server
         self.conn = h2_connection(client_side=False)
+        self.fields = InboundFields(client_side=False)
+        self._header_dicts: dict[tuple[tuple[bytes, bytes], ...], dict[str, str]] = {}
+        """Request headers as the routes take them, by checked field list (bounded like it)."""
         self.streams: dict[int, _ServerStream] = {}
         self.flow = FlowControl(server.limits.timeout_s)
         self.writer: Writer | None = None
@@ -241,16 +245,22 @@ class ServerProtocol(asyncio.Protocol):
         if isinstance(event, h2.events.RequestReceived):
             # h2 has counted the stream against MAX_CONCURRENT_STREAMS (section 5.1.2); past
             # that, the handlers of streams the peer reset, still ending, are the bound
+            try:
+                fields = self.fields.check(event.headers, trailer=False)
+            except h2.exceptions.ProtocolError as exc:
+                self._malformed(exc)
+                return
             if len(self.handlers) >= MAX_HANDLERS:
                 self._refuse(event.stream_id)
                 return
-            headers = {
-                bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1")
-                for k, v in event.headers or ()
-            }
-            self.streams[event.stream_id] = _ServerStream(headers)
+            self.streams[event.stream_id] = _ServerStream(self._header_dict(fields))
             if event.stream_ended is not None:
                 self._dispatch(event.stream_id)
+        elif isinstance(event, h2.events.TrailersReceived):
+            try:  # the routes take no trailers, but h2 would refuse malformed ones
+                self.fields.check(event.headers, trailer=True)
+            except h2.exceptions.ProtocolError as exc:
+                self._malformed(exc)
         elif isinstance(event, h2.events.DataReceived):
             stream = self.streams.get(event.stream_id)
             self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
@@ -281,6 +291,22 @@ class ServerProtocol(asyncio.Protocol):
             self.flow.opened(None)
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.transport.close()
+
+    def _malformed(self, exc: h2.exceptions.ProtocolError) -> None:
+        """A field list h2's checks refuse: GOAWAY(PROTOCOL_ERROR), as h2 sends when it runs
+        them itself (a malformed request made a connection error, RFC 9113 5.4.1)."""
+        self._shut(h2.errors.ErrorCodes.PROTOCOL_ERROR, f"h2: {exc}")
+
+    def _header_dict(self, fields: tuple[tuple[bytes, bytes], ...]) -> dict[str, str]:
+        known = self._header_dicts.get(fields)
+        if known is None:
+            known = {
+                bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1") for k, v in fields
+            }
+            if len(self._header_dicts) >= 32:
+                self._header_dicts.clear()
+            self._header_dicts[fields] = known
+        return dict(known)  # the routes may keep or change theirs
 
     def _refuse(self, stream_id: int) -> None:
         """RST_STREAM(REFUSED_STREAM): not processed, safe to retry (RFC 9113, 8.7). Not the
@@ -337,19 +363,10 @@ class ServerProtocol(asyncio.Protocol):
         ):
             # a unary answer that fits the window goes out now, without a task per request
             self.streams.pop(stream_id, None)
-            self.conn.send_headers(
-                stream_id,
-                [
-                    (":status", str(response.status)),
-                    ("content-type", response.content_type),
-                    ("content-length", str(len(body))),
-                    *response.headers,
-                ],
-                end_stream=not body,
-            )
+            self.conn.send_headers(stream_id, _fields(response, len(body)), end_stream=not body)
             if body:
                 self.conn.send_data(stream_id, body, end_stream=True)
-            return  # data_received flushes
+            return  # data_received flushes: HEADERS and DATA leave in one write
         self._spawn(stream_id, self._respond(stream_id, response))
 
     def _handler_done(self) -> None:
@@ -404,13 +421,8 @@ class ServerProtocol(asyncio.Protocol):
 
     async def _send(self, stream_id: int, response: Response) -> None:
         assert self.writer is not None
-        headers = [
-            (":status", str(response.status)),
-            ("content-type", response.content_type),
-            *response.headers,
-        ]
         if response.stream is None:
-            headers.append(("content-length", str(len(response.body))))
+            headers = _fields(response, len(response.body))
             self.conn.send_headers(stream_id, headers, end_stream=not response.body)
             self.flush()
             if response.body:
@@ -421,7 +433,7 @@ class ServerProtocol(asyncio.Protocol):
                 self.flush()
             return
         stamps = response.stamps
-        self.conn.send_headers(stream_id, headers)
+        self.conn.send_headers(stream_id, _fields(response, None))
         self.flush()
         async with contextlib.aclosing(response.stream) as frames:
             async for frame in frames:
@@ -436,6 +448,19 @@ class ServerProtocol(asyncio.Protocol):
         else:
             self.conn.end_stream(stream_id)
         self.flush()
+
+
+def _fields(response: Response, content_length: int | None) -> list[tuple[bytes, bytes]]:
+    """A response's header fields, as bytes: h2 would encode str ones on every call, and the
+    HPACK encoder remembers a list of plain byte tuples (:mod:`.hpack_cache`)."""
+    fields = [
+        (b":status", str(response.status).encode()),
+        (b"content-type", response.content_type.encode()),
+    ]
+    if content_length is not None:
+        fields.append((b"content-length", str(content_length).encode()))
+    fields += [(k.encode(), v.encode()) for k, v in response.headers]
+    return fields
 
 
 class Http2Server(Server):
