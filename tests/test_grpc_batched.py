@@ -110,16 +110,20 @@ def test_the_per_message_rpc_stays_one_chunk_a_message() -> None:
     asyncio.run(run())
 
 
-def test_paced_batches_hold_one_chunk_each() -> None:
+def test_paced_batches_go_out_as_they_come_due() -> None:
+    """Paced, a batch holds the chunks due when it is sent: one each on a quiet machine. Two
+    can share one where the server's process was not scheduled for a token's time (the CI
+    machine is shared), so the count is bounded, not exact; all chunks in one message would
+    mean batching waited for the stream."""
     request = it.GenerateRequest(workload="stream-256", max_tokens=12)
     expected = list(it.SimulatedService(token_stream_source).chunks(request))
 
     async def run() -> None:
-        async with serving("grpc", "protobuf", decode_s=0.01) as srv:
+        async with serving("grpc", "protobuf", decode_s=0.02) as srv:
             messages = await _raw_batched(srv.address, request)
             async with it.connect("grpc", srv.address, codec="protobuf", batched=True) as client:
                 assert [c async for c in client.generate(request)] == expected
-        assert len(messages) == len(expected)
+        assert len(expected) // 2 < len(messages) <= len(expected)
         assert b"".join(envelope.read_stream_bytes(m, "test") for m in messages) == (
             _stream_bytes("protobuf", expected)
         )
