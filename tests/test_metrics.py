@@ -1,0 +1,552 @@
+"""Every server's Prometheus metrics (:mod:`inferwire.transports.metrics`).
+
+First the meter alone: what a stream's writes and a request's end record. Then each transport
+as a real ``inferwire serve`` process on 127.0.0.1 with ``--metrics-port 0``, driven by our own
+client (a stream, a unary call, a bad request, a stream the client leaves), scraped over HTTP
+and read with prometheus_client's parser: the names and labels of OBSERVE-SPEC.md, counts that
+match what the client did, in-flight back to 0. A server records a request a moment after its
+client has read the answer, so each scrape that checks counts is repeated until they are in
+(generous bounds, never a wall-clock assertion). ``http1`` and ``http2`` answer ``GET /metrics``
+on their own port as well; ``--no-metrics`` exposes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import inferwire.codecs as ic
+import inferwire.transports as it
+from inferwire.transports import metrics
+from inferwire.transports.metrics import RequestMeter, ServerMetrics
+from inferwire.transports.metrics_core import LATENCY_BUCKETS_S
+
+TRANSPORTS: Final = ("tcp", "http1", "http2", "grpc")
+CODEC: Final = "orjson"
+WORKLOAD: Final = "stream-256"
+DECODE_MS: Final = "1"
+"""Paced, so a stream lasts a quarter of a second at least: long enough for a client to leave
+it midway."""
+STARTUP_TIMEOUT_S: Final = 120.0
+STOP_TIMEOUT_S: Final = 20.0
+SETTLE_TIMEOUT_S: Final = 60.0
+CALL_TIMEOUT_S: Final = 120.0
+_LISTENING: Final = re.compile(r"listening on (\S+):(\d+) loop=(\w+)(?: metrics=(\S+))?")
+
+FAMILIES: Final = {
+    "inferwire_requests": ("counter", {"transport", "codec", "kind", "outcome"}),
+    "inferwire_time_to_first_token_seconds": ("histogram", {"transport", "codec"}),
+    "inferwire_inter_token_latency_seconds": ("histogram", {"transport", "codec"}),
+    "inferwire_e2e_request_latency_seconds": ("histogram", {"transport", "codec", "kind"}),
+    "inferwire_encode_seconds": ("histogram", {"codec"}),
+    "inferwire_response_bytes": ("counter", {"transport", "codec"}),
+    "inferwire_generation_tokens": ("counter", {"transport", "codec"}),
+    "inferwire_streams_in_flight": ("gauge", {"transport"}),
+}
+"""OBSERVE-SPEC.md's server metrics, as the parser names the families (a counter without
+``_total``), with their types and label names."""
+
+
+# -- the meter alone -------------------------------------------------------------------------
+
+
+def exposed(server_metrics: ServerMetrics) -> Scrape:
+    text, content_type = metrics.exposition(server_metrics)
+    assert content_type.startswith("text/plain")
+    return Scrape.parse(text.decode())
+
+
+def test_a_streams_writes_give_one_first_token_and_one_gap_per_token_after_it() -> None:
+    server_metrics = ServerMetrics("tcp", CODEC)
+    meter = server_metrics.start("stream")
+    meter.written(1)  # a status byte: no chunk, no token timing
+    meter.encoded(3, 3000)
+    meter.written(300)  # three chunks in one write: the first token, then two gaps of 0
+    meter.encoded(2, 1000)
+    meter.written(200)  # a gap, then one of 0
+    meter.written(10)  # an end marker: bytes only
+    assert exposed(server_metrics).value("inferwire_streams_in_flight") == 1
+    meter.finish("ok")
+    meter.finish("error")  # a second end is ignored
+    scrape = exposed(server_metrics)
+    assert scrape.value("inferwire_requests_total", kind="stream", outcome="ok") == 1
+    assert scrape.value("inferwire_requests_total", outcome="error") == 0
+    assert scrape.value("inferwire_streams_in_flight") == 0
+    assert scrape.value("inferwire_generation_tokens_total") == 5
+    assert scrape.value("inferwire_response_bytes_total") == 511
+    assert scrape.value("inferwire_time_to_first_token_seconds_count") == 1
+    itl = scrape.buckets("inferwire_inter_token_latency_seconds")
+    assert itl["+Inf"] == 4
+    assert itl[repr(LATENCY_BUCKETS_S[0])] >= 3  # the three gaps of 0, at least
+    encode = scrape.buckets("inferwire_encode_seconds", codec=CODEC)
+    assert encode["+Inf"] == 5
+    assert scrape.value("inferwire_encode_seconds_sum", codec=CODEC) == pytest.approx(4e-6)
+    assert scrape.value("inferwire_e2e_request_latency_seconds_count", kind="stream") == 1
+
+
+def test_every_series_exists_from_the_start_with_the_specs_names_and_labels() -> None:
+    scrape = exposed(ServerMetrics("http2", "protobuf"))
+    scrape.check_families()
+    assert scrape.value("inferwire_requests_total") == 0
+    outcomes = {
+        (s.labels["kind"], s.labels["outcome"])
+        for s in scrape.samples
+        if s.name == "inferwire_requests_total"
+    }
+    assert outcomes == {(k, o) for k in metrics.KINDS for o in metrics.OUTCOMES}
+
+
+def test_only_an_answer_that_completes_ok_has_an_end_to_end_latency() -> None:
+    server_metrics = ServerMetrics("grpc", CODEC)
+    for outcome in metrics.OUTCOMES:
+        server_metrics.start("unary").finish(outcome)
+    server_metrics.answered("unary", "bad_request", nbytes=7)
+    scrape = exposed(server_metrics)
+    assert scrape.value("inferwire_requests_total", kind="unary") == 5
+    assert scrape.value("inferwire_requests_total", outcome="bad_request") == 2
+    assert scrape.value("inferwire_e2e_request_latency_seconds_count", kind="unary") == 1
+    assert scrape.value("inferwire_response_bytes_total") == 7
+    assert scrape.value("inferwire_streams_in_flight") == 0
+
+
+def test_the_encode_histogram_names_the_codec_that_encoded() -> None:
+    server_metrics = ServerMetrics("http1", "protobuf")
+    meter = server_metrics.start("stream", encoder="orjson")  # the OpenAI API's JSON chunks
+    meter.encoded(4, 400)
+    meter.written(100)
+    meter.finish("ok")
+    scrape = exposed(server_metrics)
+    assert scrape.value("inferwire_encode_seconds_count", codec="orjson") == 4
+    assert scrape.value("inferwire_encode_seconds_count", codec="protobuf") == 0
+    assert scrape.value("inferwire_generation_tokens_total", codec="protobuf") == 4
+
+
+@pytest.mark.parametrize(
+    ("exc", "outcome"),
+    [
+        (asyncio.CancelledError(), "cancelled"),
+        (GeneratorExit(), "cancelled"),
+        (ConnectionResetError(), "cancelled"),
+        (BrokenPipeError(), "cancelled"),
+        (asyncio.IncompleteReadError(b"", 4), "cancelled"),
+        (it.TransportTimeoutError("peer not reading"), "cancelled"),
+        (RuntimeError("a bug"), "error"),
+        (ValueError("a bug"), "error"),
+    ],
+)
+def test_what_cut_an_answer_short_gives_its_outcome(exc: BaseException, outcome: str) -> None:
+    assert metrics.outcome_of(exc) == outcome
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [(200, "ok"), (204, "ok"), (400, "bad_request"), (404, "bad_request"), (500, "error")],
+)
+def test_an_http_status_gives_its_outcome(status: int, outcome: str) -> None:
+    assert metrics.outcome_of_status(status) == outcome
+
+
+# -- scrapes -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """One exposition, parsed."""
+
+    families: dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]
+    samples: list[_Sample]
+
+    @classmethod
+    def parse(cls, text: str) -> Scrape:
+        families = {}
+        samples = []
+        for family in text_string_to_metric_families(text):
+            rows = [(s.name, dict(s.labels), s.value) for s in family.samples]
+            families[family.name] = (family.type, rows)
+            samples += [_Sample(s.name, dict(s.labels), s.value) for s in family.samples]
+        return cls(families, samples)
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum of ``name``'s samples whose labels include ``labels``."""
+        return sum(
+            s.value for s in self.samples if s.name == name and labels.items() <= s.labels.items()
+        )
+
+    def buckets(self, name: str, **labels: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for s in self.samples:
+            if s.name == f"{name}_bucket" and labels.items() <= s.labels.items():
+                out[s.labels["le"]] = out.get(s.labels["le"], 0.0) + s.value
+        return out
+
+    def check_families(self) -> None:
+        """Every family of the spec, of its type, with exactly its label names; every
+        histogram consistent (``+Inf`` equals ``_count``, cumulative buckets)."""
+        for name, (kind, labels) in FAMILIES.items():
+            assert name in self.families, f"{name} is not exposed"
+            exposed_kind, rows = self.families[name]
+            assert exposed_kind == kind, name
+            assert rows, f"{name} has no series"
+            for sample_name, sample_labels, _ in rows:
+                assert set(sample_labels) - {"le"} == labels, (sample_name, sample_labels)
+            if kind == "histogram":
+                self._check_histogram(name)
+
+    def _check_histogram(self, name: str) -> None:
+        series: dict[tuple[tuple[str, str], ...], list[float]] = {}
+        counts = {}
+        for s in self.samples:
+            key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+            if s.name == f"{name}_bucket":
+                series.setdefault(key, []).append(s.value)
+            elif s.name == f"{name}_count":
+                counts[key] = s.value
+        for key, cumulative in series.items():
+            assert cumulative == sorted(cumulative), (name, key)
+            assert cumulative[-1] == counts[key], (name, key)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def scrape(url: str, *, http2: bool = False) -> Scrape:
+    with httpx.Client(http1=not http2, http2=http2, timeout=CALL_TIMEOUT_S) as client:
+        response = client.get(url)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    return Scrape.parse(response.text)
+
+
+def settled(url: str, done: Callable[[Scrape], bool]) -> Scrape:
+    """Scrape until ``done`` holds (the server records an answer as it ends, a moment after
+    its client has read it) or the bound passes; the last scrape either way."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        last = scrape(url)
+        if done(last) or time.monotonic() > deadline:
+            return last
+        time.sleep(0.05)
+
+
+# -- the server processes --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    transport: str
+    process: subprocess.Popen[str]
+    address: str
+    metrics_address: str
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.metrics_address}/metrics"
+
+
+def start(folder: Path, *args: str) -> subprocess.Popen[str]:
+    log = folder / f"{'-'.join(a.strip('-') for a in args[:4])}.stderr"
+    with log.open("w") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "inferwire.transports.serve", "serve", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+
+
+def announced(process: subprocess.Popen[str]) -> re.Match[str]:
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], STARTUP_TIMEOUT_S)
+    line = process.stdout.readline() if ready else ""
+    match = _LISTENING.fullmatch(line.strip())
+    assert match is not None, f"{process.args!r} announced {line!r} (exit {process.poll()})"
+    return match
+
+
+def stop(process: subprocess.Popen[str]) -> int:
+    """SIGTERM; its exit status (0: a clean stop, its metrics side server's included)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise AssertionError(f"{process.args!r} ignored SIGTERM") from None
+    finally:
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def server_args(transport: str) -> list[str]:
+    return ["--transport", transport, "--codec", CODEC, "--host", "127.0.0.1", "--loop", "asyncio"]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
+    """One server of each transport, started together, with its metrics on a side port."""
+    folder = tmp_path_factory.mktemp("metrics")
+    processes = {
+        t: start(folder, *server_args(t), "--decode-ms", DECODE_MS, "--metrics-port", "0")
+        for t in TRANSPORTS
+    }
+    try:
+        served = {}
+        for transport, process in processes.items():
+            match = announced(process)
+            assert match.group(4), f"{transport} did not announce its metrics port"
+            address = f"{match.group(1)}:{match.group(2)}"
+            served[transport] = Served(transport, process, address, match.group(4))
+        yield served
+    finally:
+        codes = {t: stop(p) for t, p in processes.items()}
+    assert codes == dict.fromkeys(TRANSPORTS, 0), codes  # the side servers stop cleanly too
+
+
+def run(coro: object) -> object:
+    async def bounded() -> object:
+        return await asyncio.wait_for(coro, CALL_TIMEOUT_S)  # type: ignore[arg-type]
+
+    return asyncio.run(bounded())
+
+
+def infer_request() -> ic.InferRequest:
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    return ic.InferRequest(
+        model="echo",
+        id="m1",
+        inputs=(ic.Tensor(name="x", datatype="FP32", shape=data.shape, data=data),),
+    )
+
+
+async def drive(served: Served) -> int:
+    """A whole stream, a unary call and a bad request; the chunks the stream carried."""
+    async with it.connect(served.transport, served.address, codec=CODEC) as client:
+        chunks = [c async for c in client.generate(it.GenerateRequest(workload=WORKLOAD))]
+        response = await client.infer(infer_request())
+        assert response.outputs[0].shape == (3, 4)
+        with pytest.raises(it.RemoteError):
+            async for _ in client.generate(it.GenerateRequest(workload="no-such-workload")):
+                pass
+    return len(chunks)
+
+
+def delta(after: Scrape, before: Scrape, name: str, **labels: str) -> float:
+    return after.value(name, **labels) - before.value(name, **labels)
+
+
+# -- what each transport records -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stream_a_unary_call_and_a_bad_request_are_counted(
+    servers: dict[str, Served], transport: str
+) -> None:
+    served = servers[transport]
+    before = scrape(served.metrics_url)
+    tokens = run(drive(served))
+    assert tokens == 256
+
+    def requests(scrape: Scrape, kind: str, outcome: str) -> float:
+        return delta(scrape, before, "inferwire_requests_total", kind=kind, outcome=outcome)
+
+    def done(scrape: Scrape) -> bool:
+        return (
+            scrape.value("inferwire_streams_in_flight") == 0
+            and requests(scrape, "stream", "ok") >= 1
+            and requests(scrape, "unary", "ok") >= 1
+            and requests(scrape, "unary", "bad_request") >= 1
+        )
+
+    after = settled(served.metrics_url, done)
+    after.check_families()
+    labels = {"transport": transport, "codec": CODEC}
+    assert requests(after, "stream", "ok") == 1
+    assert requests(after, "unary", "ok") == 1
+    assert requests(after, "unary", "bad_request") == 1  # a refused stream is a unary answer
+    for kind in ("stream", "unary"):
+        for outcome in ("cancelled", "error"):
+            assert requests(after, kind, outcome) == 0, (kind, outcome)
+    assert after.value("inferwire_streams_in_flight", transport=transport) == 0
+    assert delta(after, before, "inferwire_generation_tokens_total", **labels) == tokens
+    ttft = "inferwire_time_to_first_token_seconds_count"
+    assert delta(after, before, ttft, **labels) == 1
+    itl = "inferwire_inter_token_latency_seconds_count"
+    assert delta(after, before, itl, **labels) == tokens - 1
+    e2e = "inferwire_e2e_request_latency_seconds_count"
+    assert delta(after, before, e2e, kind="stream", **labels) == 1
+    assert delta(after, before, e2e, kind="unary", **labels) == 1  # a refusal has none
+    assert delta(after, before, "inferwire_encode_seconds_count", codec=CODEC) == tokens
+    assert delta(after, before, "inferwire_response_bytes_total", **labels) > tokens
+    assert after.value("inferwire_time_to_first_token_seconds_sum", **labels) > 0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stream_the_client_leaves_is_cancelled(
+    servers: dict[str, Served], transport: str
+) -> None:
+    served = servers[transport]
+    before = scrape(served.metrics_url)
+
+    async def leave() -> int:
+        async with it.connect(transport, served.address, codec=CODEC) as client:
+            stream = client.generate(it.GenerateRequest(workload=WORKLOAD))
+            async with contextlib.aclosing(stream):
+                taken = 0
+                async for _ in stream:
+                    taken += 1
+                    if taken == 3:
+                        break
+        return taken
+
+    assert run(leave()) == 3
+    after = settled(
+        served.metrics_url,
+        lambda s: (
+            s.value("inferwire_streams_in_flight") == 0
+            and delta(s, before, "inferwire_requests_total", outcome="cancelled") >= 1
+        ),
+    )
+    requests = "inferwire_requests_total"
+    assert delta(after, before, requests, kind="stream", outcome="cancelled") == 1
+    assert delta(after, before, requests) == 1
+    assert after.value("inferwire_streams_in_flight") == 0
+    # a token counts once its write returned; the one a write was on when the call ended
+    # may have reached the client (gRPC: the third message, its write cancelled)
+    tokens = delta(after, before, "inferwire_generation_tokens_total")
+    assert 2 <= tokens < 256
+    assert delta(after, before, "inferwire_e2e_request_latency_seconds_count") == 0
+
+
+@pytest.mark.parametrize("transport", ["http1", "http2"])
+def test_http_servers_answer_scrapes_on_their_own_port_without_counting_them(
+    servers: dict[str, Served], transport: str
+) -> None:
+    served = servers[transport]
+    own = f"http://{served.address}/metrics"
+    first = scrape(own, http2=transport == "http2")
+    first.check_families()
+    second = scrape(own, http2=transport == "http2")
+    side = scrape(served.metrics_url)
+    for each in (second, side):
+        assert each.value("inferwire_requests_total") == first.value("inferwire_requests_total")
+        assert each.value("inferwire_streams_in_flight") == 0
+
+
+@pytest.mark.parametrize("transport", ["http1", "http2"])
+def test_other_http_routes_count_as_unary_requests(
+    servers: dict[str, Served], transport: str
+) -> None:
+    served = servers[transport]
+    before = scrape(served.metrics_url)
+    http2 = transport == "http2"
+    with httpx.Client(http1=not http2, http2=http2, timeout=CALL_TIMEOUT_S) as client:
+        assert client.get(f"http://{served.address}/v1/models").status_code == 200
+        assert client.get(f"http://{served.address}/v2/health/ready").status_code == 200
+        assert client.get(f"http://{served.address}/no/such/route").status_code == 404
+        bad = client.post(f"http://{served.address}/v1/chat/completions", content=b"{")
+        assert bad.status_code == 400
+
+    def counted(s: Scrape, outcome: str) -> float:
+        return delta(s, before, "inferwire_requests_total", kind="unary", outcome=outcome)
+
+    after = settled(served.metrics_url, lambda s: counted(s, "ok") + counted(s, "bad_request") >= 4)
+    assert counted(after, "ok") == 2
+    assert counted(after, "bad_request") == 2
+    assert after.value("inferwire_streams_in_flight") == 0
+
+
+def test_grpc_kserve_calls_are_counted(servers: dict[str, Served]) -> None:
+    import grpc
+
+    from inferwire.schemas.kserve import inference_pb2 as kpb
+
+    served = servers["grpc"]
+    before = scrape(served.metrics_url)
+
+    async def calls() -> None:
+        async with grpc.aio.insecure_channel(served.address) as channel:
+            live = channel.unary_unary(
+                "/inference.GRPCInferenceService/ServerLive",
+                request_serializer=kpb.ServerLiveRequest.SerializeToString,
+                response_deserializer=kpb.ServerLiveResponse.FromString,
+            )
+            assert (await live(kpb.ServerLiveRequest())).live
+            infer = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=kpb.ModelInferRequest.SerializeToString,
+                response_deserializer=kpb.ModelInferResponse.FromString,
+            )
+            with pytest.raises(grpc.aio.AioRpcError):  # a decoupled model streams
+                await infer(kpb.ModelInferRequest(model_name=WORKLOAD))
+
+    run(calls())
+
+    def counted(s: Scrape, outcome: str) -> float:
+        return delta(s, before, "inferwire_requests_total", kind="unary", outcome=outcome)
+
+    after = settled(served.metrics_url, lambda s: counted(s, "ok") + counted(s, "bad_request") >= 2)
+    assert counted(after, "ok") == 1
+    assert counted(after, "bad_request") == 1
+
+
+# -- turned off ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["http1", "http2"])
+def test_no_metrics_exposes_nothing(tmp_path: Path, transport: str) -> None:
+    process = start(tmp_path, *server_args(transport), "--no-metrics")
+    try:
+        match = announced(process)
+        assert match.group(4) is None
+        address = f"{match.group(1)}:{match.group(2)}"
+        http2 = transport == "http2"
+        with httpx.Client(http1=not http2, http2=http2, timeout=CALL_TIMEOUT_S) as client:
+            assert client.get(f"http://{address}/metrics").status_code == 404
+    finally:
+        assert stop(process) == 0
+
+
+def test_no_metrics_records_nothing() -> None:
+    """Off, a server holds no metrics, so its routes hand the sender no meter."""
+    service = it.SimulatedService(lambda workload, seed: [])
+    codec = ic.get(CODEC)
+    for transport in TRANSPORTS:
+        server = it.server_class(transport)(service, codec)
+        assert server.metrics is None
+        app = getattr(server, "app", None)
+        if app is not None:
+            assert app.handle("GET", "/v1/models", {}, b"").meter is None
+            assert app.handle("GET", "/metrics", {}, b"").status == 404
+
+
+def test_no_metrics_with_a_metrics_port_is_refused(tmp_path: Path) -> None:
+    process = start(tmp_path, *server_args("tcp"), "--no-metrics", "--metrics-port", "0")
+    process.communicate(timeout=STARTUP_TIMEOUT_S)
+    assert process.returncode == 2
+    log = next(tmp_path.glob("*.stderr")).read_text()
+    assert "--metrics-port exposes the metrics that --no-metrics turns off" in log
+
+
+def test_a_meter_is_a_small_object() -> None:
+    assert not hasattr(RequestMeter(ServerMetrics("tcp", CODEC), "unary", 1, CODEC), "__dict__")
