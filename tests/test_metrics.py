@@ -20,10 +20,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 import httpx
 import numpy as np
@@ -410,7 +410,10 @@ def test_a_stream_the_client_leaves_is_cancelled(
 
     async def leave() -> int:
         async with it.connect(transport, served.address, codec=CODEC) as client:
-            stream = client.generate(it.GenerateRequest(workload=WORKLOAD))
+            stream = cast(
+                "AsyncGenerator[ic.TokenChunk, None]",
+                client.generate(it.GenerateRequest(workload=WORKLOAD)),
+            )
             async with contextlib.aclosing(stream):
                 taken = 0
                 async for _ in stream:

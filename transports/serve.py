@@ -27,7 +27,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import inferwire.codecs as ic
 import inferwire.transports as it
@@ -54,8 +54,11 @@ from .arguments import (
     run,
     split_checked,
 )
-from .metrics import MetricsServer, ServerMetrics
+from .extras import needs_extras
 from .proxy import DelayProxy
+
+if TYPE_CHECKING:
+    from .metrics import MetricsServer, ServerMetrics
 
 UPSTREAM_PROBE_TIMEOUT_S: Final = 2.0
 
@@ -119,7 +122,7 @@ async def _serve(args: argparse.Namespace) -> None:
         check_can_listen(args.host, args.metrics_port)
     tls, extra = _server_tls(args)
     codec = ic.get(args.codec)
-    metrics = None if args.no_metrics else ServerMetrics(args.transport, codec.name)
+    metrics = None if args.no_metrics else _metrics(args.transport, codec.name)
     service = it.SimulatedService(
         token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
     )
@@ -160,8 +163,16 @@ async def _serve(args: argparse.Namespace) -> None:
             side.stop()
 
 
+def _metrics(transport: str, codec: str) -> ServerMetrics:
+    with needs_extras("recording metrics (--no-metrics turns it off)"):
+        from .metrics import ServerMetrics
+    return ServerMetrics(transport, codec)
+
+
 def _metrics_server(metrics: ServerMetrics, host: str, port: int) -> MetricsServer:
     """``--metrics-port``'s server, a failure to listen as a CommandError."""
+    from .metrics import MetricsServer  # imported by _metrics already
+
     try:
         return MetricsServer(metrics, host, port)
     except OSError as exc:
