@@ -553,3 +553,49 @@ def test_no_metrics_with_a_metrics_port_is_refused(tmp_path: Path) -> None:
 
 def test_a_meter_is_a_small_object() -> None:
     assert not hasattr(RequestMeter(ServerMetrics("tcp", CODEC), "unary", 1, CODEC), "__dict__")
+
+
+def test_http2_streams_reset_as_they_open_leave_nothing_in_flight(
+    servers: dict[str, Served],
+) -> None:
+    """Requests reset in the same read that brought them (Rapid Reset's pattern): their
+    handlers are cancelled before they start, and still end their meters."""
+    import socket
+
+    import h2.config
+    import h2.connection
+
+    from inferwire.transports.openai_api import chat_request_body
+
+    served = servers["http2"]
+    before = scrape(served.metrics_url)
+    host, port = served.address.rsplit(":", 1)
+    body = chat_request_body(it.GenerateRequest(workload=WORKLOAD))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    resets = 20
+    for _ in range(resets):
+        stream_id = conn.get_next_available_stream_id()
+        headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":authority", served.address),
+            (":path", "/v1/chat/completions"),
+            ("content-type", "application/json"),
+        ]
+        conn.send_headers(stream_id, headers)
+        conn.send_data(stream_id, body, end_stream=True)
+        conn.reset_stream(stream_id)
+    with socket.create_connection((host, int(port)), timeout=CALL_TIMEOUT_S) as sock:
+        sock.sendall(conn.data_to_send())
+        after = settled(
+            served.metrics_url,
+            lambda s: (
+                delta(s, before, "inferwire_requests_total") >= resets
+                and s.value("inferwire_streams_in_flight") == 0
+            ),
+        )
+    cancelled = delta(after, before, "inferwire_requests_total", kind="stream", outcome="cancelled")
+    assert cancelled == resets
+    assert delta(after, before, "inferwire_requests_total") == resets
+    assert after.value("inferwire_streams_in_flight") == 0

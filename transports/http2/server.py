@@ -334,7 +334,7 @@ class ServerProtocol(asyncio.Protocol):
                 f"{self.resets} streams reset by the peer (Rapid Reset, CVE-2023-44487)",
             )
 
-    def _spawn(self, stream_id: int, coro: Any) -> None:
+    def _spawn(self, stream_id: int, coro: Any) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self.handlers.add(task)
         # for a task cancelled before it started (its work never runs, so never says it is done)
@@ -345,6 +345,7 @@ class ServerProtocol(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is not None:
             stream.task = task
+        return task
 
     def _dispatch(self, stream_id: int) -> None:
         stream = self.streams[stream_id]
@@ -371,7 +372,10 @@ class ServerProtocol(asyncio.Protocol):
                 response.meter.written(len(body))
                 response.meter.answered(response.status)
             return  # data_received flushes: HEADERS and DATA leave in one write
-        self._spawn(stream_id, self._respond(stream_id, response))
+        task = self._spawn(stream_id, self._respond(stream_id, response))
+        meter = response.meter
+        if meter is not None:  # a task cancelled before it ran (a reset) never ends its meter
+            task.add_done_callback(lambda _: meter.finish("cancelled"))
 
     def _handler_done(self) -> None:
         """The running handler's work has returned: it leaves the count now, not when its
