@@ -39,15 +39,17 @@ codec that did the encoding (there, the JSON codec that wrote the OpenAI chunks)
 exists from the start, at zero, so a rate or a ratio over them has data before the first
 request.
 
-**What counts.** Every request a server answers, of kind ``stream`` when the answer is a token
-stream and ``unary`` for any other answer (a refused stream request included: it was answered
-with one error), with its outcome: an HTTP status below 400 is
-``ok``, 4xx ``bad_request``, 5xx ``error``; gRPC calls refused with a status are
-``bad_request``; an answer cut short because the peer went away (a reset, a closed socket, a
-cancelled call, a peer that stopped reading) is ``cancelled``, any other failure ``error``. A
-scrape (``GET /metrics``) is not a request served: it would show as load. Only a token stream
+**What counts.** Every request a server answers (each request of a gRPC ``Session`` or
+``ModelStreamInfer`` call on its own), of kind ``stream`` when the answer is a token stream and
+``unary`` for any other answer, a refused stream request included (it was answered with one
+error). Its outcome: an HTTP status below 400 is ``ok``, 4xx ``bad_request``, 5xx ``error``; a
+gRPC call refused with a status is ``bad_request``; an answer cut short because the peer went
+away (a reset, a closed socket, a cancelled call, a peer that stopped reading) is
+``cancelled``, any other failure ``error``. Not counted: a scrape (``GET /metrics``: it would
+show as load), gRPC's health and reflection services, and what the protocols refuse below the
+request (an HTTP/2 stream refused or a connection closed for abuse). Only a token stream
 observes time to first token, inter-token latency and tokens; end-to-end latency is observed
-for requests answered ``ok``.
+for requests answered ``ok``. A token counts once the write that carries it returned.
 
 **Where it is recorded.** Per request (:meth:`ServerMetrics.start`, :meth:`RequestMeter.finish`)
 in each transport's request handling, and per batch of chunks (one write), not per chunk: the
@@ -58,6 +60,9 @@ stream's encoder reports a batch's encode time (:meth:`RequestMeter.encoded`, fr
 
 **Exposure.** :func:`exposition` is the text a scrape reads (``GET /metrics`` on the HTTP
 transports' own port), :class:`MetricsServer` the side HTTP server of ``--metrics-port``.
+Prometheus scrapes over HTTP/1.1 (or HTTP/2 negotiated by TLS): an ``http2`` server without TLS
+speaks only HTTP/2 on its port (h2c with prior knowledge), so Prometheus scrapes it, as it
+does ``tcp`` and ``grpc``, at ``--metrics-port``.
 """
 
 from __future__ import annotations
