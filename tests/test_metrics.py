@@ -7,7 +7,8 @@ and read with prometheus_client's parser: the names and labels of OBSERVE-SPEC.m
 match what the client did, in-flight back to 0. A server records a request a moment after its
 client has read the answer, so each scrape that checks counts is repeated until they are in
 (generous bounds, never a wall-clock assertion). ``http1`` and ``http2`` answer ``GET /metrics``
-on their own port as well; ``--no-metrics`` exposes nothing.
+on their own port as well; ``--no-metrics`` exposes nothing. The process cases run on both
+event loops (``event_loop_kind``, ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, cast
+from typing import Any, Final, TypeVar, cast
 
 import httpx
 import numpy as np
@@ -32,10 +33,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.transports import metrics
+from inferwire.transports import loops, metrics
 from inferwire.transports.metrics import RequestMeter, ServerMetrics
 from inferwire.transports.metrics_core import LATENCY_BUCKETS_S
 
+T = TypeVar("T")
 TRANSPORTS: Final = ("tcp", "http1", "http2", "grpc")
 CODEC: Final = "orjson"
 WORKLOAD: Final = "stream-256"
@@ -256,6 +258,7 @@ class Served:
     process: subprocess.Popen[str]
     address: str
     metrics_address: str
+    loop: str
 
     @property
     def metrics_url(self) -> str:
@@ -298,36 +301,49 @@ def stop(process: subprocess.Popen[str]) -> int:
             process.stdout.close()
 
 
-def server_args(transport: str) -> list[str]:
-    return ["--transport", transport, "--codec", CODEC, "--host", "127.0.0.1", "--loop", "asyncio"]
+def server_args(transport: str, loop: str = "asyncio") -> list[str]:
+    return ["--transport", transport, "--codec", CODEC, "--host", "127.0.0.1", "--loop", loop]
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
-    """One server of each transport, started together, with its metrics on a side port."""
-    folder = tmp_path_factory.mktemp("metrics")
+def servers(
+    tmp_path_factory: pytest.TempPathFactory, event_loop_kind: str
+) -> Iterator[dict[str, Served]]:
+    """One server of each transport, started together, with its metrics on a side port, on
+    the case's kind of event loop (``tests/conftest.py``)."""
+    folder = tmp_path_factory.mktemp(f"metrics-{event_loop_kind}")
     processes = {
-        t: start(folder, *server_args(t), "--decode-ms", DECODE_MS, "--metrics-port", "0")
+        t: start(
+            folder,
+            *server_args(t, event_loop_kind),
+            "--decode-ms",
+            DECODE_MS,
+            "--metrics-port",
+            "0",
+        )
         for t in TRANSPORTS
     }
     try:
         served = {}
         for transport, process in processes.items():
             match = announced(process)
+            assert match.group(3) == event_loop_kind, f"{transport} runs on {match.group(3)}"
             assert match.group(4), f"{transport} did not announce its metrics port"
             address = f"{match.group(1)}:{match.group(2)}"
-            served[transport] = Served(transport, process, address, match.group(4))
+            served[transport] = Served(transport, process, address, match.group(4), event_loop_kind)
         yield served
     finally:
         codes = {t: stop(p) for t, p in processes.items()}
     assert codes == dict.fromkeys(TRANSPORTS, 0), codes  # the side servers stop cleanly too
 
 
-def run(coro: object) -> object:
-    async def bounded() -> object:
-        return await asyncio.wait_for(coro, CALL_TIMEOUT_S)  # type: ignore[arg-type]
+def run(coro: Coroutine[Any, Any, T], loop: str) -> T:
+    """``coro`` on a new event loop of the kind ``loop`` names, bounded."""
 
-    return asyncio.run(bounded())
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, CALL_TIMEOUT_S)
+
+    return loops.run(bounded(), loop)
 
 
 def infer_request() -> ic.InferRequest:
@@ -364,7 +380,7 @@ def test_a_stream_a_unary_call_and_a_bad_request_are_counted(
 ) -> None:
     served = servers[transport]
     before = scrape(served.metrics_url)
-    tokens = run(drive(served))
+    tokens = run(drive(served), served.loop)
     assert tokens == 256
 
     def requests(scrape: Scrape, kind: str, outcome: str) -> float:
@@ -422,7 +438,7 @@ def test_a_stream_the_client_leaves_is_cancelled(
                         break
         return taken
 
-    assert run(leave()) == 3
+    assert run(leave(), served.loop) == 3
     after = settled(
         served.metrics_url,
         lambda s: (
@@ -503,7 +519,7 @@ def test_grpc_kserve_calls_are_counted(servers: dict[str, Served]) -> None:
             with pytest.raises(grpc.aio.AioRpcError):  # a decoupled model streams
                 await infer(kpb.ModelInferRequest(model_name=WORKLOAD))
 
-    run(calls())
+    run(calls(), served.loop)
 
     def counted(s: Scrape, outcome: str) -> float:
         return delta(s, before, "inferwire_requests_total", kind="unary", outcome=outcome)
