@@ -12,8 +12,9 @@ comparisons, each the median over ``PAIRS`` back-to-back pairs in alternating or
   ``UNARY_CALLS`` small infer round trips), on over off
   (:func:`~inferwire.bench.measure.paired.paired_ratio`);
 - ``metrics_on_vs_off_server_cpu``: the server process's CPU time over the same calls, on over
-  off: the metrics are the server's work, and CPU time leaves out the waits for a core that a
-  busy machine adds to every wake-up (they pull a wall-clock ratio towards 1);
+  off (``CPU_PAIRS`` pairs, each side some 20 ms of calls): the metrics are the server's work,
+  and CPU time leaves out the waits for a core that a busy machine adds to every wake-up (they
+  pull a wall-clock ratio towards 1);
 - ``metrics_server_cpu_ns_per_token`` (streams) or ``..._per_call`` (unary): the server CPU
   time the metrics add, on minus off, per token or per request.
 
@@ -23,6 +24,12 @@ token a write, the per-token cost is higher (``bench_load`` and a load run show 
 ``correct``: every answer was what the service produced, on both servers; ``metrics_correct``:
 a scrape of the metrics-on server after timing counts every call this benchmark made, ``ok``,
 and its tokens.
+
+The difference is a few microseconds in hundreds, which a shared 2-core machine's noise can
+hide (a paired ratio below 1 is that noise), so ``bench_metrics_meter_stream`` and
+``bench_metrics_meter_unary`` also time the metrics' own work in this process, without I/O:
+one 256-token stream's meter at a token a write and at 32, and one unary call's
+(``ns_per_token``, ``ns_per_call``).
 """
 
 from __future__ import annotations
@@ -43,12 +50,18 @@ import inferwire.transports as it
 from inferwire.bench.measure.paired import paired_ratio
 from inferwire.bench.procs import server_process
 from inferwire.transports import loops
+from inferwire.transports.metrics import ServerMetrics
 from inferwire.workloads import token_stream_source
 
 CODEC = "orjson"
 TRANSPORTS = it.TRANSPORTS
 PAIRS = 21
 MIN_SAMPLE_S = 0.005
+CPU_PAIRS = 31
+MIN_CPU_SAMPLE_S = 0.02
+"""The server CPU comparison's pairs, each side as many calls as last this long: the metrics
+add a few microseconds to a call of hundreds, so one call a side leaves the difference in the
+noise of the server's own wake-ups."""
 STREAM_WORKLOAD = "stream-256"
 UNARY_CALLS = 20
 SMALL_REQUEST = ic.InferRequest(
@@ -140,15 +153,27 @@ def observed() -> Iterator[_Observed]:
 
 
 def _server_cpu(
-    on: Callable[[], Any], on_pid: int, off: Callable[[], Any], off_pid: int, pairs: int
+    on: Callable[[], Any],
+    on_pid: int,
+    off: Callable[[], Any],
+    off_pid: int,
+    pairs: int,
+    min_sample_s: float,
 ) -> tuple[float, float]:
     """The medians over ``pairs`` back-to-back pairs (alternating order) of the server CPU
-    time of ``on`` over that of ``off``, and of their difference (ns)."""
+    time of ``on`` over that of ``off``, and of their difference per call (ns); each side of a
+    pair as many calls as last ``min_sample_s``, the same number on both sides."""
+    calls = 1
+    if min_sample_s > 0:
+        start = time.perf_counter()
+        off()
+        calls = max(1, min(1000, round(min_sample_s / max(time.perf_counter() - start, 1e-9))))
 
     def cpu_ns(work: Callable[[], Any], pid: int) -> int:
         clock = server_process.cpu_clock(pid)
         start = time.clock_gettime_ns(clock)
-        work()
+        for _ in range(calls):
+            work()
         return time.clock_gettime_ns(clock) - start
 
     ratios, differences = [], []
@@ -160,7 +185,7 @@ def _server_cpu(
             b = cpu_ns(off, off_pid)
             a = cpu_ns(on, on_pid)
         ratios.append(a / max(b, 1))
-        differences.append(a - b)
+        differences.append((a - b) / calls)
     return statistics.median(ratios), statistics.median(differences)
 
 
@@ -237,7 +262,9 @@ def bench_metrics_stream(benchmark: Any, observed: _Observed, transport: str) ->
     sample_s = 0.0 if benchmark.disabled else MIN_SAMPLE_S
     wall = paired_ratio(on, off, pairs, min_sample_s=sample_s)
     on_pid, off_pid = _pids(observed, transport)
-    cpu, cpu_ns = _server_cpu(on, on_pid, off, off_pid, pairs)
+    cpu_pairs = 1 if benchmark.disabled else CPU_PAIRS
+    cpu_sample_s = 0.0 if benchmark.disabled else MIN_CPU_SAMPLE_S
+    cpu, cpu_ns = _server_cpu(on, on_pid, off, off_pid, cpu_pairs, cpu_sample_s)
     benchmark.extra_info.update(
         transport=transport,
         codec=CODEC,
@@ -248,6 +275,7 @@ def bench_metrics_stream(benchmark: Any, observed: _Observed, transport: str) ->
         metrics_on_vs_off_server_cpu=cpu,
         metrics_server_cpu_ns_per_token=cpu_ns / len(expected),
         pairs=pairs,
+        cpu_pairs=cpu_pairs,
         correct=correct,
         metrics_correct=_metrics_correct(observed, transport),
         loop=loops.kind(observed.loop),
@@ -279,7 +307,9 @@ def bench_metrics_unary(benchmark: Any, observed: _Observed, transport: str) -> 
     sample_s = 0.0 if benchmark.disabled else MIN_SAMPLE_S
     wall = paired_ratio(on, off, pairs, min_sample_s=sample_s)
     on_pid, off_pid = _pids(observed, transport)
-    cpu, cpu_ns = _server_cpu(on, on_pid, off, off_pid, pairs)
+    cpu_pairs = 1 if benchmark.disabled else CPU_PAIRS
+    cpu_sample_s = 0.0 if benchmark.disabled else MIN_CPU_SAMPLE_S
+    cpu, cpu_ns = _server_cpu(on, on_pid, off, off_pid, cpu_pairs, cpu_sample_s)
     benchmark.extra_info.update(
         transport=transport,
         codec=CODEC,
@@ -289,6 +319,7 @@ def bench_metrics_unary(benchmark: Any, observed: _Observed, transport: str) -> 
         metrics_on_vs_off_server_cpu=cpu,
         metrics_server_cpu_ns_per_call=cpu_ns / calls,
         pairs=pairs,
+        cpu_pairs=cpu_pairs,
         correct=correct,
         metrics_correct=_metrics_correct(observed, transport),
         loop=loops.kind(observed.loop),
@@ -296,3 +327,61 @@ def bench_metrics_unary(benchmark: Any, observed: _Observed, transport: str) -> 
     )
     assert correct, f"{transport}: a unary answer differs from the service's"
     assert benchmark.extra_info["metrics_correct"], f"{transport}: the metrics miscount"
+
+
+METER_TOKENS = 256
+
+
+def _median_ns(benchmark: Any) -> float:
+    """The timed call's median, ns (NaN when the benchmark is not timed)."""
+    return float("nan") if benchmark.disabled else benchmark.stats.stats.median * 1e9
+
+
+@pytest.mark.parametrize("chunks_per_write", [1, 32])
+def bench_metrics_meter_stream(benchmark: Any, chunks_per_write: int) -> None:
+    """The metrics' own work for one 256-token stream, in this process, no I/O: what a server
+    records per request (start, end) and per write (a batch's encode time, then its write),
+    with a token a write (paced: a model slower than the wire) or 32 (the most a write carries,
+    when the server outruns its reader). ``ns_per_token``: the median over the tokens."""
+    server_metrics = ServerMetrics("tcp", CODEC)
+    writes = METER_TOKENS // chunks_per_write
+
+    def one_stream() -> None:
+        meter = server_metrics.start("stream")
+        for _ in range(writes):
+            meter.encoded(chunks_per_write, 1000)
+            meter.written(250 * chunks_per_write)
+        meter.finish("ok")
+
+    benchmark.group = "observe metrics meter"
+    benchmark(one_stream)
+    runs = server_metrics.requests["stream", "ok"].value
+    benchmark.extra_info.update(
+        op="meter stream",
+        tokens=METER_TOKENS,
+        chunks_per_write=chunks_per_write,
+        ns_per_token=_median_ns(benchmark) / METER_TOKENS,
+        correct=server_metrics.tokens.value == runs * METER_TOKENS
+        and server_metrics.in_flight.value == 0,
+    )
+    assert benchmark.extra_info["correct"]
+
+
+def bench_metrics_meter_unary(benchmark: Any) -> None:
+    """The metrics' own work for one unary request: start, one write, end."""
+    server_metrics = ServerMetrics("tcp", CODEC)
+
+    def one_call() -> None:
+        meter = server_metrics.start("unary")
+        meter.written(100)
+        meter.finish("ok")
+
+    benchmark.group = "observe metrics meter"
+    benchmark(one_call)
+    benchmark.extra_info.update(
+        op="meter unary",
+        ns_per_call=_median_ns(benchmark),
+        correct=server_metrics.requests["unary", "ok"].value >= 1
+        and server_metrics.in_flight.value == 0,
+    )
+    assert benchmark.extra_info["correct"]
