@@ -1,14 +1,14 @@
-"""Every server's Prometheus metrics (:mod:`inferwire.transports.metrics`).
+"""Every server's Prometheus metrics (:mod:`inferwire.transports.metrics`), end to end (the
+meter alone: :mod:`tests.test_metrics_meter`).
 
-First the meter alone: what a stream's writes and a request's end record. Then each transport
-as a real ``inferwire serve`` process on 127.0.0.1 with ``--metrics-port 0``, driven by our own
-client (a stream, a unary call, a bad request, a stream the client leaves), scraped over HTTP
-and read with prometheus_client's parser: the names and labels of OBSERVE-SPEC.md, counts that
-match what the client did, in-flight back to 0. A server records a request a moment after its
-client has read the answer, so each scrape that checks counts is repeated until they are in
-(generous bounds, never a wall-clock assertion). ``http1`` and ``http2`` answer ``GET /metrics``
-on their own port as well; ``--no-metrics`` exposes nothing. The process cases run on both
-event loops (``event_loop_kind``, ``tests/conftest.py``).
+Each transport as a real ``inferwire serve`` process on 127.0.0.1 with ``--metrics-port 0``,
+driven by our own client (a stream, a unary call, a bad request, a stream the client leaves),
+scraped over HTTP and read with prometheus_client's parser: the names and labels of
+OBSERVE-SPEC.md, counts that match what the client did, in-flight back to 0. A server records a
+request a moment after its client has read the answer, so each scrape that checks counts is
+repeated until they are in (generous bounds, never a wall-clock assertion). ``http1`` and
+``http2`` answer ``GET /metrics`` on their own port as well; ``--no-metrics`` exposes nothing.
+The process cases run on both event loops (``event_loop_kind``, ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import select
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeVar, cast
@@ -29,13 +28,11 @@ from typing import Any, Final, TypeVar, cast
 import httpx
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.transports import loops, metrics
-from inferwire.transports.metrics import RequestMeter, ServerMetrics
-from inferwire.transports.metrics_core import LATENCY_BUCKETS_S
+from inferwire.transports import loops
+from tests.metrics_helpers import Scrape, delta, scrape, settled
 
 T = TypeVar("T")
 TRANSPORTS: Final = ("tcp", "http1", "http2", "grpc")
@@ -46,207 +43,8 @@ DECODE_MS: Final = "1"
 it midway."""
 STARTUP_TIMEOUT_S: Final = 120.0
 STOP_TIMEOUT_S: Final = 20.0
-SETTLE_TIMEOUT_S: Final = 60.0
 CALL_TIMEOUT_S: Final = 120.0
 _LISTENING: Final = re.compile(r"listening on (\S+):(\d+) loop=(\w+)(?: metrics=(\S+))?")
-
-FAMILIES: Final = {
-    "inferwire_requests": ("counter", {"transport", "codec", "kind", "outcome"}),
-    "inferwire_time_to_first_token_seconds": ("histogram", {"transport", "codec"}),
-    "inferwire_inter_token_latency_seconds": ("histogram", {"transport", "codec"}),
-    "inferwire_e2e_request_latency_seconds": ("histogram", {"transport", "codec", "kind"}),
-    "inferwire_encode_seconds": ("histogram", {"codec"}),
-    "inferwire_response_bytes": ("counter", {"transport", "codec"}),
-    "inferwire_generation_tokens": ("counter", {"transport", "codec"}),
-    "inferwire_streams_in_flight": ("gauge", {"transport"}),
-}
-"""OBSERVE-SPEC.md's server metrics, as the parser names the families (a counter without
-``_total``), with their types and label names."""
-
-
-# -- the meter alone -------------------------------------------------------------------------
-
-
-def exposed(server_metrics: ServerMetrics) -> Scrape:
-    text, content_type = metrics.exposition(server_metrics)
-    assert content_type.startswith("text/plain")
-    return Scrape.parse(text.decode())
-
-
-def test_a_streams_writes_give_one_first_token_and_one_gap_per_token_after_it() -> None:
-    server_metrics = ServerMetrics("tcp", CODEC)
-    meter = server_metrics.start("stream")
-    meter.written(1)  # a status byte: no chunk, no token timing
-    meter.encoded(3, 3000)
-    meter.written(300)  # three chunks in one write: the first token, then two gaps of 0
-    meter.encoded(2, 1000)
-    meter.written(200)  # a gap, then one of 0
-    meter.written(10)  # an end marker: bytes only
-    assert exposed(server_metrics).value("inferwire_streams_in_flight") == 1
-    meter.finish("ok")
-    meter.finish("error")  # a second end is ignored
-    scrape = exposed(server_metrics)
-    assert scrape.value("inferwire_requests_total", kind="stream", outcome="ok") == 1
-    assert scrape.value("inferwire_requests_total", outcome="error") == 0
-    assert scrape.value("inferwire_streams_in_flight") == 0
-    assert scrape.value("inferwire_generation_tokens_total") == 5
-    assert scrape.value("inferwire_response_bytes_total") == 511
-    assert scrape.value("inferwire_time_to_first_token_seconds_count") == 1
-    itl = scrape.buckets("inferwire_inter_token_latency_seconds")
-    assert itl["+Inf"] == 4
-    assert itl[repr(LATENCY_BUCKETS_S[0])] >= 3  # the three gaps of 0, at least
-    encode = scrape.buckets("inferwire_encode_seconds", codec=CODEC)
-    assert encode["+Inf"] == 5
-    assert scrape.value("inferwire_encode_seconds_sum", codec=CODEC) == pytest.approx(4e-6)
-    assert scrape.value("inferwire_e2e_request_latency_seconds_count", kind="stream") == 1
-
-
-def test_every_series_exists_from_the_start_with_the_specs_names_and_labels() -> None:
-    scrape = exposed(ServerMetrics("http2", "protobuf"))
-    scrape.check_families()
-    assert scrape.value("inferwire_requests_total") == 0
-    outcomes = {
-        (s.labels["kind"], s.labels["outcome"])
-        for s in scrape.samples
-        if s.name == "inferwire_requests_total"
-    }
-    assert outcomes == {(k, o) for k in metrics.KINDS for o in metrics.OUTCOMES}
-
-
-def test_only_an_answer_that_completes_ok_has_an_end_to_end_latency() -> None:
-    server_metrics = ServerMetrics("grpc", CODEC)
-    for outcome in metrics.OUTCOMES:
-        server_metrics.start("unary").finish(outcome)
-    server_metrics.answered("unary", "bad_request", nbytes=7)
-    scrape = exposed(server_metrics)
-    assert scrape.value("inferwire_requests_total", kind="unary") == 5
-    assert scrape.value("inferwire_requests_total", outcome="bad_request") == 2
-    assert scrape.value("inferwire_e2e_request_latency_seconds_count", kind="unary") == 1
-    assert scrape.value("inferwire_response_bytes_total") == 7
-    assert scrape.value("inferwire_streams_in_flight") == 0
-
-
-def test_the_encode_histogram_names_the_codec_that_encoded() -> None:
-    server_metrics = ServerMetrics("http1", "protobuf")
-    meter = server_metrics.start("stream", encoder="orjson")  # the OpenAI API's JSON chunks
-    meter.encoded(4, 400)
-    meter.written(100)
-    meter.finish("ok")
-    scrape = exposed(server_metrics)
-    assert scrape.value("inferwire_encode_seconds_count", codec="orjson") == 4
-    assert scrape.value("inferwire_encode_seconds_count", codec="protobuf") == 0
-    assert scrape.value("inferwire_generation_tokens_total", codec="protobuf") == 4
-
-
-@pytest.mark.parametrize(
-    ("exc", "outcome"),
-    [
-        (asyncio.CancelledError(), "cancelled"),
-        (GeneratorExit(), "cancelled"),
-        (ConnectionResetError(), "cancelled"),
-        (BrokenPipeError(), "cancelled"),
-        (asyncio.IncompleteReadError(b"", 4), "cancelled"),
-        (it.TransportTimeoutError("peer not reading"), "cancelled"),
-        (RuntimeError("a bug"), "error"),
-        (ValueError("a bug"), "error"),
-    ],
-)
-def test_what_cut_an_answer_short_gives_its_outcome(exc: BaseException, outcome: str) -> None:
-    assert metrics.outcome_of(exc) == outcome
-
-
-@pytest.mark.parametrize(
-    ("status", "outcome"),
-    [(200, "ok"), (204, "ok"), (400, "bad_request"), (404, "bad_request"), (500, "error")],
-)
-def test_an_http_status_gives_its_outcome(status: int, outcome: str) -> None:
-    assert metrics.outcome_of_status(status) == outcome
-
-
-# -- scrapes -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Scrape:
-    """One exposition, parsed."""
-
-    families: dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]
-    samples: list[_Sample]
-
-    @classmethod
-    def parse(cls, text: str) -> Scrape:
-        families = {}
-        samples = []
-        for family in text_string_to_metric_families(text):
-            rows = [(s.name, dict(s.labels), s.value) for s in family.samples]
-            families[family.name] = (family.type, rows)
-            samples += [_Sample(s.name, dict(s.labels), s.value) for s in family.samples]
-        return cls(families, samples)
-
-    def value(self, name: str, **labels: str) -> float:
-        """The sum of ``name``'s samples whose labels include ``labels``."""
-        return sum(
-            s.value for s in self.samples if s.name == name and labels.items() <= s.labels.items()
-        )
-
-    def buckets(self, name: str, **labels: str) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for s in self.samples:
-            if s.name == f"{name}_bucket" and labels.items() <= s.labels.items():
-                out[s.labels["le"]] = out.get(s.labels["le"], 0.0) + s.value
-        return out
-
-    def check_families(self) -> None:
-        """Every family of the spec, of its type, with exactly its label names; every
-        histogram consistent (``+Inf`` equals ``_count``, cumulative buckets)."""
-        for name, (kind, labels) in FAMILIES.items():
-            assert name in self.families, f"{name} is not exposed"
-            exposed_kind, rows = self.families[name]
-            assert exposed_kind == kind, name
-            assert rows, f"{name} has no series"
-            for sample_name, sample_labels, _ in rows:
-                assert set(sample_labels) - {"le"} == labels, (sample_name, sample_labels)
-            if kind == "histogram":
-                self._check_histogram(name)
-
-    def _check_histogram(self, name: str) -> None:
-        series: dict[tuple[tuple[str, str], ...], list[float]] = {}
-        counts = {}
-        for s in self.samples:
-            key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
-            if s.name == f"{name}_bucket":
-                series.setdefault(key, []).append(s.value)
-            elif s.name == f"{name}_count":
-                counts[key] = s.value
-        for key, cumulative in series.items():
-            assert cumulative == sorted(cumulative), (name, key)
-            assert cumulative[-1] == counts[key], (name, key)
-
-
-@dataclass(frozen=True, slots=True)
-class _Sample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-def scrape(url: str, *, http2: bool = False) -> Scrape:
-    with httpx.Client(http1=not http2, http2=http2, timeout=CALL_TIMEOUT_S) as client:
-        response = client.get(url)
-    assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/plain; version=")
-    return Scrape.parse(response.text)
-
-
-def settled(url: str, done: Callable[[Scrape], bool]) -> Scrape:
-    """Scrape until ``done`` holds (the server records an answer as it ends, a moment after
-    its client has read it) or the bound passes; the last scrape either way."""
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while True:
-        last = scrape(url)
-        if done(last) or time.monotonic() > deadline:
-            return last
-        time.sleep(0.05)
 
 
 # -- the server processes --------------------------------------------------------------------
@@ -365,10 +163,6 @@ async def drive(served: Served) -> int:
             async for _ in client.generate(it.GenerateRequest(workload="no-such-workload")):
                 pass
     return len(chunks)
-
-
-def delta(after: Scrape, before: Scrape, name: str, **labels: str) -> float:
-    return after.value(name, **labels) - before.value(name, **labels)
 
 
 # -- what each transport records -------------------------------------------------------------
@@ -565,10 +359,6 @@ def test_no_metrics_with_a_metrics_port_is_refused(tmp_path: Path) -> None:
     assert process.returncode == 2
     log = next(tmp_path.glob("*.stderr")).read_text()
     assert "--metrics-port exposes the metrics that --no-metrics turns off" in log
-
-
-def test_a_meter_is_a_small_object() -> None:
-    assert not hasattr(RequestMeter(ServerMetrics("tcp", CODEC), "unary", 1, CODEC), "__dict__")
 
 
 def test_http2_streams_reset_as_they_open_leave_nothing_in_flight(
