@@ -21,6 +21,7 @@ EXTRAS: Final = {
     "grpc_reflection": ("grpcio-reflection", "grpc"),
     "h2": ("h2", "transports"),
     "httptools": ("httptools", "transports"),
+    "prometheus_client": ("prometheus-client", "transports"),
     "trustme": ("trustme", "transports"),
     "uvloop": ("uvloop", "uvloop"),
     "pytest": ("pytest", "bench"),
