@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import socket
 import urllib.error
 import urllib.request
 from argparse import Namespace
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,8 @@ import inferwire.transports as it
 from inferwire.bench.loadgen import live_metrics, openloop
 from inferwire.bench.loadgen.live_metrics import LiveMetrics
 from inferwire.bench.loadgen.metrics import UNFINISHED, Recorder, Window
+from inferwire.bench.report import load as report_load
+from inferwire.bench.report.results import LOAD_RAW
 from inferwire.bench.runner import cli
 from inferwire.transports import metrics_core
 from inferwire.transports.metrics_core import LATENCY_BUCKETS_S
@@ -312,3 +316,24 @@ def test_the_hold_waits_after_the_block_and_ctrl_c_ends_it(
     with pytest.raises(RuntimeError), live_metrics.serving(_args(metrics_hold=7.5)):
         raise RuntimeError("a failed run is not held")
     assert slept == [7.5]
+
+
+# -- the benchmark's table in the report -------------------------------------------------------
+
+
+def test_the_report_shows_what_live_metrics_cost(tmp_path: Path) -> None:
+    figures = {"client_cpu_us_per_request": 40.0, "send_lag_ms": {"p99_ms": 0.3}}
+    info = {
+        "target": "null-live-metrics",
+        "chunks_per_request": 16,
+        "rate_rps": 2000.0,
+        "pairs": 5,
+        "modes": {"off": figures, "on": {**figures, "client_cpu_us_per_request": 41.5}},
+        "live_cpu_us_per_request_added": 1.5,
+        "live_cpu_per_request_vs_off": 1.0375,
+        "scrape_cpu_us": 210.0,
+    }
+    (tmp_path / LOAD_RAW).write_text(json.dumps({"benchmarks": [{"extra_info": info}]}))
+    section = report_load.section(tmp_path)
+    assert "`inferwire load --metrics-port`" in section
+    assert "| 16 | 2,000 | 40.0 | 41.5 | +1.5 | 1.038x | 0.30 ms | 210 |" in section
