@@ -267,8 +267,10 @@ def add_metrics_arguments(load: argparse.ArgumentParser) -> None:
     live = load.add_argument_group(
         "live metrics",
         "serve the run's client-side metrics for Prometheus (GET /metrics) while it goes: "
-        "TTFT, ITL and E2E histograms, send lag, errors by kind, requests in flight, tokens; "
-        "names and meanings: python -m pydoc inferwire.bench.loadgen.live_metrics",
+        "TTFT, ITL and E2E histograms, send lag, errors by kind, requests in flight, tokens, "
+        "counted as the report counts them (the --warmup requests and those of the "
+        "--warmup-s/--cooldown-s windows are not); names and meanings: "
+        "python -m pydoc inferwire.bench.loadgen.live_metrics",
     )
     live.add_argument(
         "--metrics-port",
