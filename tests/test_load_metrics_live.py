@@ -183,6 +183,7 @@ def test_a_run_is_watched_live_and_ends_with_its_reports_values(
             url = run.url()
             seen = watch(run, url)
             final, report = assert_final(run, url)
+    assert report["parameters"]["live_metrics"] is True
     (point,) = report["points"]
     assert point["requests_failed"] == 0, point["errors"]
     assert ok(final) == point["requests_completed"] == point["requests_scheduled"]

@@ -380,6 +380,7 @@ def _write_report(
         "loop": points[0]["loop"] if points else loops.resolve(args.loop),
         "timer": points[0]["timer"] if points else None,
         "capacity_search": args.capacity,
+        "live_metrics": args.metrics_port is not None,  # their small cost is in the client CPU
         **{k: v for k, v in asdict(spec).items() if k != "slo"},
         "slo": asdict(spec.slo),
     }
