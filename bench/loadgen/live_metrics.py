@@ -3,26 +3,33 @@ served for Prometheus while it goes on, beside the servers' ``inferwire_*`` metr
 
 Each metric is the client-side twin of a server metric, with the generator's own definitions
 (:mod:`inferwire.bench.loadgen.load_command`): latencies start at each request's **intended**
-send time, so a stall shows in every request that was due during it::
+send time, so a stall shows in every request that was due during it. Names as exposed (each
+begins ``inferwire_load_``), types, labels, the server metric of the same meaning, and what each
+measures::
 
-    name (as exposed)                               type       labels   meaning
-    inferwire_load_requests_total                   counter    outcome  requests finished: ok, error
-    inferwire_load_errors_total                     counter    kind     failed requests by the
-                                                                        generator's error name
-    inferwire_load_time_to_first_token_seconds      histogram  -        intended send -> first
-                                                                        token-carrying chunk
-    inferwire_load_inter_token_latency_seconds      histogram  -        each gap between two
-                                                                        token-carrying chunks
-    inferwire_load_e2e_request_latency_seconds      histogram  -        intended send -> end of
-                                                                        the stream
-    inferwire_load_send_lag_seconds                 histogram  -        actual send (or queueing
-                                                                        for a slot) - intended
-    inferwire_load_requests_in_flight               gauge      -        sent and not finished
-    inferwire_load_output_tokens_total              counter    -        output tokens received
+    inferwire_load_ + name       type       labels   the server's twin
+    requests_total               counter    outcome  inferwire_requests_total
+    errors_total                 counter    kind     -
+    time_to_first_token_seconds  histogram  -        inferwire_time_to_first_token_seconds
+    inter_token_latency_seconds  histogram  -        inferwire_inter_token_latency_seconds
+    e2e_request_latency_seconds  histogram  -        inferwire_e2e_request_latency_seconds
+    send_lag_seconds             histogram  -        -
+    requests_in_flight           gauge      -        inferwire_streams_in_flight
+    output_tokens_total          counter    -        inferwire_generation_tokens_total
 
-    server twin: inferwire_requests_total, -, inferwire_time_to_first_token_seconds,
-    inferwire_inter_token_latency_seconds, inferwire_e2e_request_latency_seconds, -,
-    inferwire_streams_in_flight, inferwire_generation_tokens_total
+    requests_total               requests finished, by outcome: ok, error
+    errors_total                 failed requests, by the generator's error name (kind)
+    time_to_first_token_seconds  intended send time -> the first token-carrying chunk
+    inter_token_latency_seconds  each gap between two successive token-carrying chunks
+    e2e_request_latency_seconds  intended send time -> the end of the stream
+    send_lag_seconds             intended send time -> the request sent (or, waiting for a
+                                 slot, queued)
+    requests_in_flight           requests sent and not finished
+    output_tokens_total          output tokens received (of completed requests)
+
+A twin measures from the other end: the client's latencies add the network, the client's own
+queueing and its parsing to the server's, and the server's ITL counts every token of a write
+(0 for all but its first) where the client's counts one gap per token-carrying chunk.
 
 What is counted is what the run's report counts, value for value, summed over its points:
 ``requests_total{outcome="ok"}`` is the points' ``requests_completed`` (streams that ended whole
@@ -37,8 +44,8 @@ ends. A failed request is in no latency and adds no tokens, as in the report.
 
 Not counted: the untimed ``--warmup`` requests before the first point, and requests intended in
 a ``--warmup-s``/``--cooldown-s`` window, which the report keeps out of every statistic too.
-The in-flight gauge alone counts every request sent, measured or not: it says how many streams
-the generator holds open now, the twin of the server's streams in flight.
+The in-flight gauge alone counts every request of the points, in a window or not: it says how
+many streams the generator holds open now, the twin of the server's streams in flight.
 
 Cost: nothing when ``--metrics-port`` is not given (one ``is None`` test where the generator
 records). On, per request: three histogram observations and a few additions, O(1); per chunk:
