@@ -309,7 +309,7 @@ def test_the_hold_waits_after_the_block_and_ctrl_c_ends_it(
         slept.append(seconds)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(live_metrics.time, "sleep", interrupted)
+    monkeypatch.setattr("time.sleep", interrupted)
     with live_metrics.serving(_args(metrics_hold=7.5)):
         assert slept == []
     assert slept == [7.5]
