@@ -63,7 +63,10 @@ the generator keeps up and the cap is not reached)::
 Latencies are kept in HDR histograms (microseconds, 3 significant digits) and reported as
 P50/P90/P99/P99.9, mean and max in milliseconds. Output is a summary line per point on stdout
 and, with ``--out``, a JSON file with every metric, the run's parameters, library versions and
-the machine.
+the machine. With ``--metrics-port``, the same values are served live for Prometheus as the
+run goes (:mod:`inferwire.bench.loadgen.live_metrics`: TTFT, ITL, E2E, send lag, errors by
+name, requests in flight, tokens), from before the first request until the run ends, or
+``--metrics-hold`` seconds after.
 
 One event loop drives everything: uvloop when it is installed, else asyncio's (``--loop``; the
 JSON records the loop that ran, and ``--spawn`` starts the server on the same kind). Neither
@@ -91,7 +94,7 @@ from inferwire.bench.procs import server_process
 from inferwire.transports import arguments, loops
 from inferwire.transports.arguments import CommandError
 
-from . import api_mode, capacity, load_arguments, load_outputs, metrics
+from . import api_mode, capacity, live_metrics, load_arguments, load_outputs, metrics
 from .metrics import Slo
 from .openloop import (
     DEFAULT_DURATION_S,
@@ -124,6 +127,7 @@ async def _sweep(
     pid: int | None,
     api: api_mode.ApiSweep | None = None,
     records: RecordWriter | None = None,
+    live: live_metrics.LiveMetrics | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The points of the sweep (or of the capacity search), and the search's section."""
     if api is None:
@@ -161,6 +165,7 @@ async def _sweep(
                 on_record=None
                 if records is None
                 else records.sink(point=len(points), rate_rps=rate),
+                live=live,
             )
             print(summary_line(point), file=load_outputs.notes(args), flush=True)
             points.append(point)
@@ -331,54 +336,72 @@ def _load(args: argparse.Namespace) -> int:
     sockets_transport = "grpc" if args.api == "kserve-v2-grpc" else (args.transport or "http1")
     _check_descriptors(sockets_transport, args.concurrency, spec.max_in_flight)
     loops.resolve(args.loop)  # a missing uvloop is named before anything starts
+    live_metrics.check_metrics_arguments(args)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     api: api_mode.ApiSweep | None = None
     if args.url is not None:  # checked before anything starts
         api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, args.url))
-    with _server(args) as (address, pid), load_outputs.records(args) as records:
-        if args.api is not None and args.spawn:
-            url = api_mode.spawned_url(args.transport, address, args.api)
-            api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url))
-        points, found = loops.run(_sweep(args, spec, address, pid, api, records), args.loop)
-    if args.out is not None or args.html is not None:
-        parameters = {
-            "transport": args.transport,
-            "codec": args.codec if api is None else None,
-            "address": args.address,
-            "spawned": args.spawn,
-            # a spawned server's pacing is known; another's is not, and is not invented
-            "prefill_ms": args.prefill_ms if args.spawn else None,
-            "decode_ms": args.decode_ms if args.spawn else None,
-            "rates_rps": [finite_or_text(rate) for rate in args.rate],
-            "concurrencies": args.concurrency,
-            "warmup_requests": args.warmup,
-            # what ran, not the option: the points say it too
-            "loop": points[0]["loop"] if points else loops.resolve(args.loop),
-            "timer": points[0]["timer"] if points else None,
-            "capacity_search": args.capacity,
-            **{k: v for k, v in asdict(spec).items() if k != "slo"},
-            "slo": asdict(spec.slo),
-        }
-        if api is not None:
-            parameters["workload"] = None  # the prompts say what was asked
-            parameters["endpoint"] = api.parameters()
-        report = {
-            "kind": "inferwire-load",
-            "started": started,
-            "parameters": parameters,
-            "versions": metrics.versions(),
-            "machine": metrics.machine(),
-            "points": points,
-        }
-        if found is not None:
-            report["capacity"] = found
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
-            print(f"wrote {args.out}", file=load_outputs.notes(args))
-        load_outputs.write_html(args, report)
+    # served from before the first request (the warm-up's too) to after the outputs are written
+    with live_metrics.serving(args) as live:
+        with _server(args) as (address, pid), load_outputs.records(args) as records:
+            if args.api is not None and args.spawn:
+                url = api_mode.spawned_url(args.transport, address, args.api)
+                api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url))
+            run = _sweep(args, spec, address, pid, api, records, live)
+            points, found = loops.run(run, args.loop)
+        _write_report(args, spec, api, started, points, found)
     failed = sum(p["requests_failed"] for p in points)
     return 1 if failed and all(p["requests_completed"] == 0 for p in points) else 0
+
+
+def _write_report(
+    args: argparse.Namespace,
+    spec: LoadSpec,
+    api: api_mode.ApiSweep | None,
+    started: str,
+    points: list[dict[str, Any]],
+    found: dict[str, Any] | None,
+) -> None:
+    """The JSON report (--out) and its page (--html)."""
+    if args.out is None and args.html is None:
+        return
+    parameters = {
+        "transport": args.transport,
+        "codec": args.codec if api is None else None,
+        "address": args.address,
+        "spawned": args.spawn,
+        # a spawned server's pacing is known; another's is not, and is not invented
+        "prefill_ms": args.prefill_ms if args.spawn else None,
+        "decode_ms": args.decode_ms if args.spawn else None,
+        "rates_rps": [finite_or_text(rate) for rate in args.rate],
+        "concurrencies": args.concurrency,
+        "warmup_requests": args.warmup,
+        # what ran, not the option: the points say it too
+        "loop": points[0]["loop"] if points else loops.resolve(args.loop),
+        "timer": points[0]["timer"] if points else None,
+        "capacity_search": args.capacity,
+        "live_metrics": args.metrics_port is not None,  # their small cost is in the client CPU
+        **{k: v for k, v in asdict(spec).items() if k != "slo"},
+        "slo": asdict(spec.slo),
+    }
+    if api is not None:
+        parameters["workload"] = None  # the prompts say what was asked
+        parameters["endpoint"] = api.parameters()
+    report = {
+        "kind": "inferwire-load",
+        "started": started,
+        "parameters": parameters,
+        "versions": metrics.versions(),
+        "machine": metrics.machine(),
+        "points": points,
+    }
+    if found is not None:
+        report["capacity"] = found
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+        print(f"wrote {args.out}", file=load_outputs.notes(args))
+    load_outputs.write_html(args, report)
 
 
 def add_commands(commands: arguments.Commands) -> None:
@@ -389,5 +412,6 @@ def add_commands(commands: arguments.Commands) -> None:
     )
     load_arguments.add_load_arguments(load)
     load_arguments.add_output_arguments(load)
+    load_arguments.add_metrics_arguments(load)
     load.set_defaults(run=_load)
     load_arguments.add_report_command(commands, load_outputs.load_report)

@@ -20,7 +20,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import psutil  # type: ignore[import-untyped, unused-ignore]
@@ -32,6 +32,9 @@ from inferwire.codecs.integrity import AlteredStreamError
 from inferwire.transports import StreamTruncatedError, TransportError
 
 from .timeline import Timeline
+
+if TYPE_CHECKING:
+    from .live_metrics import LiveMetrics
 
 HIGHEST_US: Final = 3_600_000_000
 """One hour: anything slower is clamped to it (and still counted)."""
@@ -301,10 +304,14 @@ class Recorder:
         *,
         on_record: RecordSink | None = None,
         window: Window | None = None,
+        live: LiveMetrics | None = None,
     ) -> None:
         self.slo = slo
         self.on_record = on_record
         """Called with each request's :class:`RequestRecord` as it ends."""
+        self.live = live
+        """The metrics served while the run goes (``--metrics-port``), fed the same values as
+        the histograms and counts here, for the same requests; ``None``: none."""
         self.window = window
         """The requests that count; ``None``: all of them."""
         self._window_ns = (-_NO_END_NS, _NO_END_NS)
@@ -359,6 +366,8 @@ class Recorder:
         """The generator started (or queued) a request at ``acted_ns``: its send lag."""
         if self.measures(intended_ns):
             self.send_lag.record_ns(acted_ns - intended_ns)
+            if self.live is not None:
+                self.live.lagged(acted_ns - intended_ns)
 
     def completed_stream(
         self,
@@ -383,6 +392,13 @@ class Recorder:
         )
         if not self.measures(intended_ns):
             return
+        if self.live is not None:
+            self.live.completed(
+                first_token_ns - intended_ns if output_tokens else None,
+                done_ns - intended_ns,
+                gaps_ns,
+                output_tokens,
+            )
         if gaps_ns:
             self.itl_per_chunk.record_all_ns(list(gaps_ns))
             self.itl_per_token.record_many_ns(gaps_ns, chunk_tokens)
@@ -413,6 +429,8 @@ class Recorder:
         self.last_done_ns = max(self.last_done_ns, done_ns)
         name = UNFINISHED if exc is None else error_name(exc)
         self.errors[name] += 1
+        if self.live is not None:
+            self.live.failed(name)
         self.error_examples.setdefault(name, "" if exc is None else str(exc)[:200])
         if exc is not None:
             kind = integrity_kind(exc)

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
@@ -45,6 +45,9 @@ from .arrivals import ARRIVALS as ARRIVALS  # the schedules moved there; re-expo
 from .arrivals import Arrival as Arrival
 from .arrivals import arrival_offsets_ns as arrival_offsets_ns
 from .metrics import Histogram, Recorder, Slo, Window
+
+if TYPE_CHECKING:
+    from .live_metrics import LiveMetrics
 
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
 DEFAULT_DURATION_S: Final = 10.0
@@ -274,6 +277,9 @@ class _Run:
         sent_ns = now_ns()
         recorder.sent(intended_ns, sent_ns)
         self.in_flight += 1
+        live = recorder.live
+        if live is not None:
+            live.started()
         recorder.max_in_flight = max(recorder.max_in_flight, self.in_flight)
         stream: AsyncIterator[ic.TokenChunk] | None = None
         first_ns = previous_ns = 0
@@ -324,6 +330,8 @@ class _Run:
             raise
         finally:
             self.in_flight -= 1
+            if live is not None:
+                live.ended()
             if self.on_done is not None:
                 self.on_done()
         if recorder.on_record is None:  # nobody reads the record: only that it was made
@@ -431,6 +439,7 @@ async def run_point(
     request_for: Callable[[int], Any] | None = None,
     checks: CheckFactory | None = None,
     on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
+    live: LiveMetrics | None = None,
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
@@ -438,7 +447,8 @@ async def run_point(
     carry (e.g. :meth:`LoadSpec.expected_chunks`), to catch altered content too. For a target
     of another API (:mod:`.endpoints`): ``request_for`` gives the request of each index of
     the schedule (default: ``spec.request()`` for all), ``checks`` the checks of its streams
-    (default: :class:`VerifiedStream`)."""
+    (default: :class:`VerifiedStream`). ``live``: the metrics served while it runs, fed what
+    the point records (:mod:`.live_metrics`)."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
     if spec.max_in_flight is not None and spec.max_in_flight < 1:
@@ -452,7 +462,7 @@ async def run_point(
             np.count_nonzero((offsets_ns >= window.from_ns) & (offsets_ns <= window.until_ns))
         )
     bound = spec.max_in_flight if concurrency is None else None
-    recorder = Recorder(spec.slo, on_record=on_record, window=window)
+    recorder = Recorder(spec.slo, on_record=on_record, window=window, live=live)
     cpu = metrics.CpuMeter(server_pid)
     label = f"rate {rate_rps:g}/s" + (f" cap {concurrency}" if concurrency else "")
     with tqdm(
