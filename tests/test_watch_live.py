@@ -126,6 +126,9 @@ def _process(args: list[str], **kwargs: Any) -> Iterator[subprocess.Popen[str]]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=30)
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def queries_of(settings: rules.AlertSettings) -> list[str]:
@@ -145,7 +148,7 @@ def test_a_stall_fires_the_alert_and_every_dashboard_query_has_data(tmp_path: Pa
             "--loop", "asyncio",
         ),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     ) as server:  # fmt: skip
         assert server.stdout is not None
         announced = LISTENING.search(server.stdout.readline())

@@ -151,12 +151,17 @@ def test_the_dashboard_reads_only_the_exported_metrics() -> None:
     (a renamed metric breaks this, not the dashboard silently)."""
     import re
 
-    from inferwire.bench.loadgen import live_metrics
-    from inferwire.transports import metrics
+    from inferwire.bench.loadgen.live_metrics import LiveMetrics
+    from inferwire.transports.metrics import ServerMetrics
 
-    exported = set(metrics.exposed_names()) | set(live_metrics.exposed_names())
+    exported = set()
+    for registry in (ServerMetrics("http1", "orjson").registry, LiveMetrics().metric_set.registry):
+        for family in registry.collect():
+            exported.add(family.name + ("_total" if family.type == "counter" else ""))
+    assert "inferwire_requests_total" in exported
+    assert "inferwire_load_send_lag_seconds" in exported
     for expr in dashboard.every_query():
-        for name in re.findall(r"\b(inferwire_[a-z_]+)", expr):
+        for name in re.findall(r"\b(inferwire_[a-z0-9_]+)", expr):
             base = re.sub(r"_(bucket|sum|count)$", "", name)
             assert name in exported or base in exported, (name, expr)
     assert queries.LOAD.startswith(queries.SERVER)

@@ -83,6 +83,13 @@ SEND_LAG_BUCKETS_S: Final = (
 """Send lag: 1 us (a generator on time, woken by its timerfd) to 10 s (one far behind); 1 ms
 (the generator's own target, ``bench_load``) and 5 ms (the P99 ``--capacity`` allows by default)
 are bounds."""
+PRESET_ERROR_KINDS: Final = (
+    "ConnectError",
+    "TransportTimeoutError",
+    "ProtocolError",
+    "StreamTruncatedError",
+    "RemoteError",
+)
 OK: Final = "ok"
 ERROR: Final = "error"
 BULK_GAPS: Final = 32
@@ -142,6 +149,11 @@ class LiveMetrics:
             "Failed requests by the load generator's error name (a transport error's class)",
             ["kind"],
         )
+        # The kinds a run most often meets are exposed from the start, at 0, as Prometheus'
+        # instrumentation guide advises, so that rate() over them is 0 rather than no data
+        # before the first failure (a dashboard's error panel, an alert on the error rate)
+        for kind in PRESET_ERROR_KINDS:
+            self._errors.labels(kind)
         self._ttft = _NsHistogram(
             metrics.histogram(
                 "inferwire_load_time_to_first_token_seconds",
