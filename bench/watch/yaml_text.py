@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+
 def dump(value: Mapping[str, object], header: str = "") -> str:
     """``value`` as a YAML document, after ``header`` (comment lines, ``#`` added)."""
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
