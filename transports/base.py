@@ -7,7 +7,7 @@ import ssl
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from inferwire.codecs import Codec, InferRequest, InferResponse, TokenChunk
 
@@ -15,6 +15,9 @@ from .common import BACKLOG, DEFAULT_LIMITS, Limits
 from .service import GenerateRequest, SimulatedService
 from .timing import StreamTiming
 from .tls import ClientTls, ServerTls
+
+if TYPE_CHECKING:
+    from .tracing import Tracer
 
 
 class Client(ABC):
@@ -83,8 +86,11 @@ class Server(ABC):
         port: int = 0,
         tls: ServerTls | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        tracer: Tracer | None = None,
     ) -> None:
         self.service = service
+        self.tracer = tracer
+        """Spans of each stream's stages (``--trace``, :mod:`.tracing`); None: untraced."""
         self.codec = codec
         self.host = host
         self.port = port

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import grpc
 import grpc.aio
@@ -59,7 +59,10 @@ from .grpc_envelope import RequestKind, ResponseKind
 from .grpc_standard import StandardServices
 from .service import GenerateRequest, TokenStream
 from .streams import ChunkReader, stream_frames, stream_messages
-from .timing import TRAILER, ServerStamps, StreamTiming, now_ns, unpack
+
+if TYPE_CHECKING:
+    from .tracing import ServerTrace
+from .timing import TRACEPARENT, TRAILER, ServerStamps, StreamTiming, now_ns, unpack
 
 TRAILER_BIN: Final = TRAILER + "-bin"
 BATCH_CHUNKS: Final = 256
@@ -203,8 +206,9 @@ class GrpcServer(Server):
 
     async def _opened(
         self, data: bytes, context: grpc.aio.ServicerContext
-    ) -> tuple[TokenStream, ServerStamps | None]:
-        """The stream a generate RPC asks for, and its stamps if it asked for timing; a
+    ) -> tuple[TokenStream, ServerStamps | None, ServerTrace | None]:
+        """The stream a generate RPC asks for, its stamps if it asked for timing, and its
+        trace if the server traces (parented by the call's ``traceparent`` metadata); a
         request that cannot be served is aborted with its status."""
         received_ns = now_ns()
         if ic.TokenChunk not in self.codec.types:
@@ -221,7 +225,13 @@ class GrpcServer(Server):
         if stream.request.timing:
             stamps = ServerStamps(received_ns)
             stamps.parsed()
-        return stream, stamps
+        if self.tracer is None:
+            return stream, stamps, None
+        metadata = dict(context.invocation_metadata() or ())
+        trace = self.tracer.server_request(
+            metadata.get(TRACEPARENT), received_ns, stamps, stream.request.workload
+        )
+        return stream, stamps, trace
 
     @staticmethod
     def _send_stamps(context: grpc.aio.ServicerContext, stamps: ServerStamps | None) -> None:
@@ -233,8 +243,11 @@ class GrpcServer(Server):
     # (its loop over the handler's, which loops over ours).
 
     async def _generate(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
-        stream, stamps = await self._opened(data, context)
-        messages = self._messages(stream, stamps)
+        stream, stamps, trace = await self._opened(data, context)
+        if trace is None:
+            messages = self._messages(stream, stamps)
+        else:
+            messages = trace.frames(self._messages(stream, trace.stamps))
         write = context.write
         async with contextlib.aclosing(messages):
             async for message in messages:
@@ -244,11 +257,18 @@ class GrpcServer(Server):
         self._send_stamps(context, stamps)
 
     async def _generate_batched(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
-        stream, stamps = await self._opened(data, context)
+        stream, stamps, trace = await self._opened(data, context)
         encoder = self.codec.stream_encoder()
         pieces = stream_frames(
-            self.service, stream, encoder, stamps, max_chunks=BATCH_CHUNKS, end_in_last=True
+            self.service,
+            stream,
+            encoder,
+            stamps if trace is None else trace.stamps,
+            max_chunks=BATCH_CHUNKS,
+            end_in_last=True,
         )
+        if trace is not None:
+            pieces = trace.frames(pieces)
         async with contextlib.aclosing(pieces):
             async for piece in pieces:
                 await context.write(envelope.write_stream_bytes(piece))
@@ -388,13 +408,17 @@ class GrpcClient(Client):
     async def generate(
         self, request: GenerateRequest, *, timing: StreamTiming | None = None
     ) -> AsyncIterator[ic.TokenChunk]:
+        metadata = None
         if timing is not None:
             timing.request_start_ns = now_ns()
         message = _request_to_pb(request)
         if timing is not None:
-            message.timing = True
+            message.timing = timing.server_stamps
+            timing.request_encoded_ns = now_ns()  # grpc serializes it when it sends it
+            if timing.traceparent:
+                metadata = ((TRACEPARENT, timing.traceparent),)
         stream = self._reader(timing)
-        call = self._generate_bytes(message, timeout=self.deadline_s)
+        call = self._generate_bytes(message, timeout=self.deadline_s, metadata=metadata)
         if timing is not None:
             # grpc serializes and sends in the background: the call is started by now
             timing.request_sent_ns = now_ns()
@@ -409,7 +433,7 @@ class GrpcClient(Client):
                     for chunk in stream.feed(data):
                         yield chunk
                 stream.close()
-                if timing is not None:
+                if timing is not None and timing.server_stamps:
                     trailing = dict(await call.trailing_metadata() or ())
                     packed = trailing.get(TRAILER_BIN)
                     if not isinstance(packed, bytes):

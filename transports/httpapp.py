@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import orjson
 
@@ -36,6 +36,9 @@ from .http_response import Response, error
 from .kserve_http import KServeHttp
 from .openai_api import OpenAIApi
 from .service import SimulatedService
+
+if TYPE_CHECKING:
+    from .tracing import Tracer
 
 __all__ = ["HttpApp", "Response", "error"]
 
@@ -54,11 +57,12 @@ class HttpApp:
         codec: ic.Codec,
         *,
         registry: ic.SchemaRegistry | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.service = service
         self.codec = codec
         self.registry = registry
-        self.openai = OpenAIApi(service, codec)
+        self.openai = OpenAIApi(service, codec, tracer=tracer)
         self.kserve = KServeHttp(service, codec)
 
     def handle(

@@ -44,7 +44,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -56,7 +56,10 @@ from .errors import BadRequestError
 from .http_response import JSON, Response, accepts, error, media
 from .service import GenerateRequest, SimulatedService, TokenStream
 from .streams import stream_frames
-from .timing import ServerStamps
+from .timing import TRACEPARENT, ServerStamps
+
+if TYPE_CHECKING:
+    from .tracing import Tracer
 
 EXTENSIONS_FIELD: Final = "inferwire"
 """The request field that asks for inferwire's extensions: ``{"extensions": true}``."""
@@ -208,9 +211,12 @@ async def _after(
 class OpenAIApi:
     """The routes of the module docstring for ``service``; ``codec`` is the server's."""
 
-    def __init__(self, service: SimulatedService, codec: ic.Codec) -> None:
+    def __init__(
+        self, service: SimulatedService, codec: ic.Codec, *, tracer: Tracer | None = None
+    ) -> None:
         self.service = service
         self.codec = codec
+        self.tracer = tracer
         self.created = int(time.time())
         """When the server started: the ``created`` of the models it lists."""
         json_codec = codec.media_type == JSON and ic.TokenChunk in codec.types
@@ -273,11 +279,13 @@ class OpenAIApi:
             and accepts(accept, frames.stream_media_type, wildcards=False)
         ):
             encoder = frames.stream_encoder()
-            return self._stream(stream, request, encoder, frames.stream_media_type, received_ns)
+            return self._stream(
+                stream, request, encoder, frames.stream_media_type, received_ns, headers
+            )
         if not accepts(accept, self._content_type) and not accepts(accept, JSON):
             return error(406, f"this stream is {self._content_type}, not {accept}")
         encoder = self._encoder(request, chat=chat)
-        return self._stream(stream, request, encoder, self._content_type, received_ns)
+        return self._stream(stream, request, encoder, self._content_type, received_ns, headers)
 
     def _encoder(self, request: OpenAIRequest, *, chat: bool) -> ic.StreamEncoder:
         if chat and request.extensions:
@@ -298,17 +306,20 @@ class OpenAIApi:
         encoder: ic.StreamEncoder,
         content_type: str,
         received_ns: int,
+        headers: Mapping[str, str],
     ) -> Response:
         stamps = None
         if request.generate.timing:
             stamps = ServerStamps(received_ns)
             stamps.parsed()
-        return Response(
-            200,
-            content_type,
-            stream=stream_frames(self.service, stream, encoder, stamps),
-            stamps=stamps,
-        )
+        if self.tracer is None:
+            frames = stream_frames(self.service, stream, encoder, stamps)
+        else:
+            trace = self.tracer.server_request(
+                headers.get(TRACEPARENT), received_ns, stamps, request.generate.workload
+            )
+            frames = trace.frames(stream_frames(self.service, stream, encoder, trace.stamps))
+        return Response(200, content_type, stream=frames, stamps=stamps)
 
     def _whole(self, stream: TokenStream, request: OpenAIRequest, *, chat: bool) -> Response:
         build: Callable[..., dict[str, Any]] = ob.chat_completion if chat else ob.text_completion

@@ -9,7 +9,8 @@ in this process, until SIGINT or SIGTERM.
 The first line on stdout says where it listens (``listening on HOST:PORT``, and with a
 generated test certificate ``ca=PATH`` of its CA), then ``loop=asyncio`` or ``loop=uvloop``
 (the event loop that runs it, ``--loop``), so a parent process that asked for port 0
-learns the port. The simulated service plays the seeded workloads of
+learns the port; with ``--trace``, ``trace=URL`` last, where its spans go
+(:mod:`inferwire.transports.tracing`). The simulated service plays the seeded workloads of
 :mod:`inferwire.workloads`.
 """
 
@@ -39,8 +40,10 @@ from .arguments import (
     Commands,
     Parser,
     add_loop_argument,
+    add_trace_arguments,
     authority,
     check_can_listen,
+    check_trace_arguments,
     connect_address,
     existing_file,
     listen_address,
@@ -53,6 +56,7 @@ from .arguments import (
     split_checked,
 )
 from .proxy import DelayProxy
+from .tracing import SERVER_SERVICE, Tracer
 
 UPSTREAM_PROBE_TIMEOUT_S: Final = 2.0
 
@@ -108,7 +112,13 @@ def _server_tls(args: argparse.Namespace) -> tuple[it.ServerTls | None, str]:
 async def _serve(args: argparse.Namespace) -> None:
     server_class = it.server_class(args.transport)
     check_can_listen(args.host, args.port)
+    check_trace_arguments(args)
     tls, extra = _server_tls(args)
+    tracer = None
+    if args.trace:  # only then is OpenTelemetry imported
+        tracer = Tracer.open(
+            SERVER_SERVICE, args.trace_endpoint, transport=args.transport, codec=args.codec
+        )
     service = it.SimulatedService(
         token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
     )
@@ -122,11 +132,13 @@ async def _serve(args: argparse.Namespace) -> None:
         port=args.port,
         tls=tls,
         limits=it.Limits(max_message_bytes=args.max_message_bytes),
+        tracer=tracer,
         **options,
     )
     stop = _stop_on_signals()
     host, port = await _started(server, args.host, args.port)
-    _announce(host, port, f"{extra} loop={loops.running()}")
+    traced = "" if tracer is None else f" trace={tracer.endpoint}"
+    _announce(host, port, f"{extra} loop={loops.running()}{traced}")
     serving = asyncio.ensure_future(server.serve_forever())
     try:
         await stop.wait()
@@ -136,6 +148,9 @@ async def _serve(args: argparse.Namespace) -> None:
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await serving
+        if tracer is not None:
+            await asyncio.sleep(0)  # the spans of streams that just ended are built
+            await asyncio.to_thread(tracer.close)  # exports what is queued
 
 
 async def _started(server: it.Server | DelayProxy, host: str, port: int) -> tuple[str, int]:
@@ -249,6 +264,7 @@ def add_commands(commands: Commands) -> None:
         help="largest message accepted",
     )
     add_loop_argument(srv)
+    add_trace_arguments(srv, "each stream's stages")
     srv.set_defaults(run=serve)
 
     prx = commands.add_parser(

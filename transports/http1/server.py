@@ -190,7 +190,7 @@ class Http1Server(Server):
         self, *args: object, registry: ic.SchemaRegistry | None = None, **kwargs: object
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.app = HttpApp(self.service, self.codec, registry=registry)
+        self.app = HttpApp(self.service, self.codec, registry=registry, tracer=self.tracer)
 
     async def start(self) -> tuple[str, int]:
         return await self._serve_streams(self._handle, READ_BYTES)
