@@ -84,8 +84,8 @@ def test_a_request_is_one_trace_across_client_and_server(
     transport: str, collector: Collector
 ) -> None:
     options = ("--trace", "--trace-endpoint", collector.endpoint, "--decode-ms", "1")
-    with server_process.serve(transport, "orjson", *options) as server:
-        traceparents = asyncio.run(_traced_requests(transport, server.address, collector.endpoint))
+    with server_process.serve(transport, "orjson", *options) as process:
+        traceparents = asyncio.run(_traced_requests(transport, process.address, collector.endpoint))
     # the server flushed on SIGTERM: every span of both processes is in
     _wait_for(collector, REQUESTS * (1 + len(CLIENT_STAGES) + 1 + len(SERVER_STAGES)))
     spans = otlp_json.read_spans(collector.out)
