@@ -33,17 +33,18 @@ could not keep up with at 1 ms a token).
 Server (``inferwire-server``), ``generate`` (SERVER, from the request received whole to the
 last byte written) with children, in order:
 
-=================  ====================================================================
-``server parse``   request received whole -> parsed and checked (the service's ``open``)
-``queue``          parsed -> the stream's first turn (the handler scheduled, headers sent)
-``compute``        -> first chunk produced (the prefill, on the simulated service)
+====================  =================================================================
+``server parse``      request received whole -> parsed and checked (the service's ``open``)
+``queue``             parsed -> the stream's first turn (handler scheduled, headers sent)
+``compute``           -> first chunk produced (the prefill, on the simulated service)
 ``server serialize``  -> first chunk encoded
-``write``          -> its bytes written (the write, or the flow-control wait, returned)
-=================  ====================================================================
+``write``             -> its bytes written (the write, or the flow-control wait, returned)
+====================  =================================================================
 
 Client (``inferwire-load``, or any process that opens a tracer), ``generate`` (CLIENT, from
-before the request is built to the last chunk decoded) with ``client serialize`` (the request
-encoded), ``send`` (-> written), ``client parse`` (the first chunk's bytes received -> decoded).
+before the request is built to the stream's end, its end marker read and checked) with
+``client serialize`` (the request encoded), ``send`` (-> written), ``client parse`` (the first
+chunk's bytes received -> decoded).
 
 Root attributes: ``inferwire.transport``, ``inferwire.codec``, ``inferwire.workload``,
 ``inferwire.chunks``, ``inferwire.outcome`` (``ok``, ``cancelled``, ``error``), and per chunk
@@ -51,8 +52,9 @@ Root attributes: ``inferwire.transport``, ``inferwire.codec``, ``inferwire.workl
 ``inferwire.chunk.produced_ns`` (offset from the span's start), ``inferwire.chunk.serialize_ns``,
 ``inferwire.chunk.write_ns``; on the client, ``inferwire.chunk.received_ns`` (offset from the
 span's start) and ``inferwire.chunk.parse_ns``. ``inferwire trace report`` joins the two by
-trace id and chunk index: per token, decode (between two chunks produced), server serialize,
-write, network (written to received) and client parse.
+trace id and chunk index: per token, compute (the previous chunk written to this one
+produced), server serialize, write, network (written to received) and client parse
+(:mod:`inferwire.bench.traces.stages`).
 """
 
 from __future__ import annotations
