@@ -356,3 +356,49 @@ def test_without_trace_neither_command_imports_opentelemetry(collector: Collecto
 def test_trace_endpoint_needs_trace(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["serve", "--transport", "tcp", "--trace-endpoint", "http://x:1/v1/traces"]) == 2
     assert "--trace-endpoint is for --trace" in capsys.readouterr().err
+
+
+def _root_line(trace: int, transport: str, kind: int) -> str:
+    span = {
+        "traceId": f"{trace:032x}",
+        "spanId": f"{trace * 2 + kind:016x}",
+        "name": "generate",
+        "kind": kind,
+        "startTimeUnixNano": "1000",
+        "endTimeUnixNano": "5000",
+        "attributes": [
+            {"key": "inferwire.transport", "value": {"stringValue": transport}},
+            {
+                "key": "inferwire.chunk.produced_ns",
+                "value": {"arrayValue": {"values": [{"intValue": "100"}, {"intValue": "1100"}]}},
+            },
+            {
+                "key": "inferwire.chunk.serialize_ns",
+                "value": {"arrayValue": {"values": [{"intValue": "10"}, {"intValue": "10"}]}},
+            },
+            {
+                "key": "inferwire.chunk.write_ns",
+                "value": {"arrayValue": {"values": [{"intValue": "20"}, {"intValue": "20"}]}},
+            },
+        ],
+    }
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+
+
+def test_report_splits_a_file_by_transport(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "spans.jsonl"
+    lines = [_root_line(1, "http1", SPAN_KIND_SERVER), _root_line(2, "grpc", SPAN_KIND_SERVER)]
+    path.write_text("\n".join(lines) + "\n")
+    assert cli(["trace", "report", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "== grpc: 1 traces" in printed
+    assert "== http1: 1 traces" in printed
+    assert "== all transports: 2 traces" in printed
+    # per token: the second chunk produced 1,100 - 100 - 30 ns after the first was written
+    assert cli(["trace", "report", str(path), "--transport", "grpc"]) == 0
+    (compute,) = [line for line in capsys.readouterr().out.splitlines() if "compute" in line]
+    assert compute.split()[1] == f"{970 / 1e6:.3f}"
+    assert cli(["trace", "report", str(path), "--transport", "tcp"]) == 2
+    assert "no trace of tcp" in capsys.readouterr().err

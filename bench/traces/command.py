@@ -66,6 +66,17 @@ def _report(args: argparse.Namespace) -> int:
         raise CommandError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     if not spans:
         raise CommandError(f"{args.file} holds no spans")
+    groups = stages.transports(spans)
+    if args.transport is not None:
+        if args.transport not in groups:
+            named = ", ".join(sorted(name for name in groups if name)) or "none"
+            raise CommandError(f"no trace of {args.transport} in {args.file} (it has: {named})")
+        spans = groups[args.transport]
+    elif len(groups) > 1:  # one table per transport first, then all of them together
+        for name, group in sorted(groups.items()):
+            print(f"== {name or 'transport not named'}: ", end="")
+            print(stages.text(stages.breakdown(group)), end="\n\n")
+        print("== all transports: ", end="")
     result = stages.breakdown(spans)
     print(stages.text(result))
     if args.plot is not None:
@@ -114,4 +125,8 @@ def add_commands(commands: Commands) -> None:
     )
     report.add_argument("file", type=Path, help="OTLP JSON lines, one export a line")
     report.add_argument("--plot", type=Path, metavar="PNG", help="draw the icicle plot here")
+    report.add_argument(
+        "--transport",
+        help="only the traces of this transport (default: each transport's tables, then all)",
+    )
     report.set_defaults(run=_report)

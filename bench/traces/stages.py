@@ -125,6 +125,23 @@ def breakdown(spans: Iterable[Span]) -> Breakdown:
     )
 
 
+def transports(spans: Iterable[Span]) -> dict[str, list[Span]]:
+    """The spans by the transport their trace's root spans name (``inferwire.transport``;
+    ``""`` for a trace whose roots name none)."""
+    by_trace: dict[str, list[Span]] = defaultdict(list)
+    for span in spans:
+        by_trace[span.trace_id].append(span)
+    groups: dict[str, list[Span]] = defaultdict(list)
+    for trace in by_trace.values():
+        names = {
+            str(s.attributes.get("inferwire.transport", ""))
+            for s in trace
+            if s.name == ROOT and s.kind in (SPAN_KIND_CLIENT, SPAN_KIND_SERVER)
+        }
+        groups[max(names, default="")] += trace
+    return dict(groups)
+
+
 def _root(trace: list[Span], kind: int) -> Span | None:
     return next((s for s in trace if s.name == ROOT and s.kind == kind), None)
 
