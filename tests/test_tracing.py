@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import pytest
 
@@ -53,12 +53,14 @@ def _wait_for(collector: Collector, spans: int) -> None:
         time.sleep(0.05)
 
 
-async def _traced_requests(transport: str, address: str, endpoint: str) -> list[str]:
+async def _traced_requests(
+    transport: str, address: str, endpoint: str, **options: Any
+) -> list[str]:
     """REQUESTS traced streams from this process; their traceparents."""
     tracer = Tracer.open(CLIENT_SERVICE, endpoint, transport=transport, codec="orjson")
     sent = []
     try:
-        async with it.connect(transport, address, codec="orjson") as client:
+        async with it.connect(transport, address, codec="orjson", **options) as client:
             for seed in range(REQUESTS):
                 trace = tracer.client_request("stream-256")
                 request = it.GenerateRequest(seed=seed, max_tokens=MAX_TOKENS)
@@ -79,13 +81,24 @@ def _children(spans: list[Span], root: Span) -> dict[str, Span]:
     return {s.name: s for s in spans if s.parent_span_id == root.span_id and s.name != "generate"}
 
 
-@pytest.mark.parametrize("transport", ["http1", "http2", "grpc", "tcp"])
+@pytest.mark.parametrize(
+    ("transport", "options"),
+    [
+        ("http1", {}),
+        ("http2", {}),
+        ("grpc", {}),
+        pytest.param("grpc", {"batched": True}, id="grpc-GenerateBatched"),
+        ("tcp", {}),
+    ],
+)
 def test_a_request_is_one_trace_across_client_and_server(
-    transport: str, collector: Collector
+    transport: str, options: dict[str, Any], collector: Collector
 ) -> None:
-    options = ("--trace", "--trace-endpoint", collector.endpoint, "--decode-ms", "1")
-    with server_process.serve(transport, "orjson", *options) as process:
-        traceparents = asyncio.run(_traced_requests(transport, process.address, collector.endpoint))
+    serve = ("--trace", "--trace-endpoint", collector.endpoint, "--decode-ms", "1")
+    with server_process.serve(transport, "orjson", *serve) as process:
+        traceparents = asyncio.run(
+            _traced_requests(transport, process.address, collector.endpoint, **options)
+        )
     # the server flushed on SIGTERM: every span of both processes is in
     _wait_for(collector, REQUESTS * (1 + len(CLIENT_STAGES) + 1 + len(SERVER_STAGES)))
     spans = otlp_json.read_spans(collector.out)

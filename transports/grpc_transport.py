@@ -206,10 +206,9 @@ class GrpcServer(Server):
 
     async def _opened(
         self, data: bytes, context: grpc.aio.ServicerContext
-    ) -> tuple[TokenStream, ServerStamps | None, ServerTrace | None]:
-        """The stream a generate RPC asks for, its stamps if it asked for timing, and its
-        trace if the server traces (parented by the call's ``traceparent`` metadata); a
-        request that cannot be served is aborted with its status."""
+    ) -> tuple[TokenStream, ServerStamps | None, int]:
+        """The stream a generate RPC asks for, its stamps if it asked for timing, and when it
+        was received; a request that cannot be served is aborted with its status."""
         received_ns = now_ns()
         if ic.TokenChunk not in self.codec.types:
             await context.abort(
@@ -225,13 +224,21 @@ class GrpcServer(Server):
         if stream.request.timing:
             stamps = ServerStamps(received_ns)
             stamps.parsed()
-        if self.tracer is None:
-            return stream, stamps, None
+        return stream, stamps, received_ns
+
+    def _trace(
+        self,
+        context: grpc.aio.ServicerContext,
+        stream: TokenStream,
+        stamps: ServerStamps | None,
+        received_ns: int,
+    ) -> ServerTrace:
+        """A traced server's trace of a stream, parented by the call's ``traceparent``."""
+        assert self.tracer is not None
         metadata = dict(context.invocation_metadata() or ())
-        trace = self.tracer.server_request(
+        return self.tracer.server_request(
             metadata.get(TRACEPARENT), received_ns, stamps, stream.request.workload
         )
-        return stream, stamps, trace
 
     @staticmethod
     def _send_stamps(context: grpc.aio.ServicerContext, stamps: ServerStamps | None) -> None:
@@ -243,10 +250,11 @@ class GrpcServer(Server):
     # (its loop over the handler's, which loops over ours).
 
     async def _generate(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
-        stream, stamps, trace = await self._opened(data, context)
-        if trace is None:
+        stream, stamps, received_ns = await self._opened(data, context)
+        if self.tracer is None:
             messages = self._messages(stream, stamps)
         else:
+            trace = self._trace(context, stream, stamps, received_ns)
             messages = trace.frames(self._messages(stream, trace.stamps))
         write = context.write
         async with contextlib.aclosing(messages):
@@ -257,18 +265,24 @@ class GrpcServer(Server):
         self._send_stamps(context, stamps)
 
     async def _generate_batched(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
-        stream, stamps, trace = await self._opened(data, context)
+        stream, stamps, received_ns = await self._opened(data, context)
         encoder = self.codec.stream_encoder()
-        pieces = stream_frames(
-            self.service,
-            stream,
-            encoder,
-            stamps if trace is None else trace.stamps,
-            max_chunks=BATCH_CHUNKS,
-            end_in_last=True,
-        )
-        if trace is not None:
-            pieces = trace.frames(pieces)
+        if self.tracer is None:
+            pieces = stream_frames(
+                self.service, stream, encoder, stamps, max_chunks=BATCH_CHUNKS, end_in_last=True
+            )
+        else:
+            trace = self._trace(context, stream, stamps, received_ns)
+            pieces = trace.frames(
+                stream_frames(
+                    self.service,
+                    stream,
+                    encoder,
+                    trace.stamps,
+                    max_chunks=BATCH_CHUNKS,
+                    end_in_last=True,
+                )
+            )
         async with contextlib.aclosing(pieces):
             async for piece in pieces:
                 await context.write(envelope.write_stream_bytes(piece))
