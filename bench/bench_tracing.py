@@ -8,9 +8,10 @@ Two comparisons, each of two server processes on loopback measured back to back 
   ``git archive``; the codecs and the rest are this tree's) on one unpaced ``stream-256``
   (prefill and decode 0: the most streams a second, so the most hook checks, one per stream).
   ``hooks_off_vs_absent`` is the wall-clock ratio, ``hooks_off_vs_absent_cpu`` the same in
-  client + server CPU time. The client is this tree's on both sides (its own hooks, off, are
-  the same few ``is None`` checks either way). Skipped, with a note in ``extra_info``, where
-  git or the history is not at hand.
+  client + server CPU time; ``control_same_build`` pairs two server processes of this build
+  the same way, the spread any two processes show. The client is this tree's on both sides
+  (its own hooks, off, are the same few ``is None`` checks either way). Skipped, with a note
+  in ``extra_info``, where git or the history is not at hand.
 * **on at 1 ms a token**: a server with ``--decode-ms 1 --trace`` and a client that traces
   every request (:meth:`~inferwire.transports.tracing.Tracer.client_request`), both exporting
   to ``inferwire trace collect`` in a third process, over the same pair untraced, on
@@ -22,7 +23,8 @@ Two comparisons, each of two server processes on loopback measured back to back 
   exporter thread included) + server process. The spans leave in batches seconds after their
   request, so CPU is not paired per request: ``PAIRS`` traced requests, the client flushed,
   then idle past the servers' export schedule (``EXPORT_WAIT_S``), against the same block
-  untraced (``cpu_ratio`` is the ratio of the blocks). A paced stream's end is set by its
+  untraced (``cpu_ratio`` is the ratio of the blocks; ``cpu_client_us_per_request`` and
+  ``cpu_server_us_per_request`` split the difference by process). A paced stream's end is set by its
   schedule, so wall-clock overhead shows only where tracing makes a token late; the CPU
   figures are what it takes from a machine either way. The collector's own CPU is not in them
   (a real one runs elsewhere); on this 2-core machine its work does compete for the cores.
@@ -154,8 +156,8 @@ class _Env:
         self.service = it.SimulatedService(token_stream_source)
 
     def server(self, transport: str, kind: str) -> server_process.ServerProcess:
-        """``kind``: ``plain`` (unpaced), ``unhooked`` (unpaced, the tree without hooks),
-        ``paced`` (1 ms a token) or ``traced`` (paced, --trace)."""
+        """``kind``: ``plain`` (unpaced), ``twin`` (another of them), ``unhooked`` (unpaced,
+        the tree without hooks), ``paced`` (1 ms a token) or ``traced`` (paced, --trace)."""
         key = (transport, kind)
         if key not in self.servers:
             options = ["--loop", self.loop_kind]
@@ -279,9 +281,9 @@ def _cpu_block(
     calls: int,
     wait_s: float,
     after: Callable[[], object] | None = None,
-) -> int:
+) -> tuple[int, int]:
     """CPU time of ``calls`` calls of ``work``, then ``after``, then ``wait_s`` idle: this
-    process's (every thread: the client's span exporter included) plus the server's."""
+    process's (every thread: the client's span exporter included), and the server's."""
     clock = server_process.cpu_clock(pid)
     client, server = time.process_time_ns(), time.clock_gettime_ns(clock)
     for _ in range(calls):
@@ -289,7 +291,7 @@ def _cpu_block(
     if after is not None:
         after()
     time.sleep(wait_s)
-    return time.process_time_ns() - client + time.clock_gettime_ns(clock) - server
+    return time.process_time_ns() - client, time.clock_gettime_ns(clock) - server
 
 
 def _pid(env: _Env, transport: str, kind: str) -> int:
@@ -334,8 +336,16 @@ def bench_tracing_hooks_off(benchmark: Any, tracing_env: _Env, transport: str) -
             subject, _pid(env, transport, "plain"), baseline, _pid(env, transport, "unhooked")
         )
         info["hooks_off_vs_absent_cpu"] = statistics.median(a / max(b, 1) for a, b in cpu)
+        # the control: the same servers, two processes of one build, paired the same way
+        twin = _Timed(env.client(transport, "twin"), request, None)
+        twin.expected = expected
+        control = env.run(twin)
+        control()
+        info["control_same_build"] = paired_ratio(
+            subject, control, pairs, min_sample_s=0.0 if disabled else HOOKS_SAMPLE_S
+        )
         info["pairs"] = pairs
-        correct = chunks == expected and hooked.correct and plain.correct
+        correct = chunks == expected and hooked.correct and plain.correct and twin.correct
     benchmark.extra_info.update(info, correct=correct)
     assert correct, f"{transport}: a stream differs from the service's"
 
@@ -372,7 +382,7 @@ def bench_tracing_on(benchmark: Any, tracing_env: _Env, transport: str) -> None:
     )
     cpu_untraced = _cpu_block(baseline, _pid(env, transport, "paced"), calls, wait_s)
     overhead_ns = statistics.median(a - b for a, b in e2e)
-    cpu_overhead_ns = (cpu_traced - cpu_untraced) / calls
+    cpu_overhead_ns = (sum(cpu_traced) - sum(cpu_untraced)) / calls
     spans_ok = _spans_joined(env, traced.traceparents)
     benchmark.extra_info.update(
         transport=transport,
@@ -383,7 +393,9 @@ def bench_tracing_on(benchmark: Any, tracing_env: _Env, transport: str) -> None:
         pairs=pairs,
         e2e_ratio=e2e_ratio,
         ttft_ratio=statistics.median(a / max(b, 1) for a, b in ttft),
-        cpu_ratio=cpu_traced / max(cpu_untraced, 1),
+        cpu_ratio=sum(cpu_traced) / max(sum(cpu_untraced), 1),
+        cpu_client_us_per_request=(cpu_traced[0] - cpu_untraced[0]) / calls / 1e3,
+        cpu_server_us_per_request=(cpu_traced[1] - cpu_untraced[1]) / calls / 1e3,
         overhead_us_per_request=overhead_ns / 1e3,
         overhead_us_per_token=overhead_ns / 1e3 / tokens,
         cpu_us_per_request=cpu_overhead_ns / 1e3,

@@ -153,8 +153,17 @@ def _children(trace: list[Span], root: Span | None) -> dict[str, Span]:
 
 
 def _ints(span: Span | None, name: str) -> list[int]:
-    value = [] if span is None else span.attributes.get(name, [])
-    return [int(v) for v in value] if isinstance(value, list) else []
+    """A per-chunk attribute: comma-separated integers (or an integer array, as another
+    tracer might record it); empty if absent or not numbers."""
+    value = None if span is None else span.attributes.get(name)
+    try:
+        if isinstance(value, str):
+            return [int(v) for v in value.split(",")] if value else []
+        if isinstance(value, list):
+            return [int(v) for v in value]
+    except (TypeError, ValueError):
+        pass
+    return []
 
 
 def _request_stages(
