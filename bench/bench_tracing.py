@@ -16,18 +16,21 @@ Two comparisons, each of two server processes on loopback measured back to back 
   every request (:meth:`~inferwire.transports.tracing.Tracer.client_request`), both exporting
   to ``inferwire trace collect`` in a third process, over the same pair untraced, on
   ``TOKENS`` tokens of ``stream-256``: ``e2e_ratio`` (request start to the end marker),
-  ``ttft_ratio`` (to the first chunk), ``cpu_ratio`` (client thread + server process CPU time),
+  ``ttft_ratio`` (to the first chunk), ``cpu_ratio`` (client + server process CPU time),
   and per token and per request: ``overhead_us_per_token`` and ``overhead_us_per_request``
   (the median traced - untraced wall time of the pairs, over the tokens or whole), and
   ``cpu_us_per_token`` and ``cpu_us_per_request`` in CPU time, client process (its span
-  exporter thread included) + server process. The spans leave in batches seconds after their
-  request, so CPU is not paired per request: ``PAIRS`` traced requests, the client flushed,
-  then idle past the servers' export schedule (``EXPORT_WAIT_S``), against the same block
-  untraced (``cpu_ratio`` is the ratio of the blocks; ``cpu_client_us_per_request`` and
-  ``cpu_server_us_per_request`` split the difference by process). A paced stream's end is set by its
-  schedule, so wall-clock overhead shows only where tracing makes a token late; the CPU
-  figures are what it takes from a machine either way. The collector's own CPU is not in them
-  (a real one runs elsewhere); on this 2-core machine its work does compete for the cores.
+  exporter thread included) + server process (``cpu_client_us_per_request`` and
+  ``cpu_server_us_per_request`` split it). The spans leave in batches seconds after their
+  request, so CPU is not paired per request: blocks of ``CPU_BLOCK_CALLS`` traced requests,
+  the client flushed, then idle past the servers' export schedule (``EXPORT_WAIT_S``), against
+  the same blocks untraced, in the order traced, untraced, untraced, traced (a drift of the
+  machine cancels); ``cpu_ratio`` is the ratio of the blocks' sums. A paced stream's end is
+  set by its schedule, so wall-clock overhead shows only where tracing makes a token late;
+  the CPU figures are what it takes from a machine either way. The collector's own CPU is not
+  in them (a real one runs elsewhere); on this 2-core machine its work does compete for the
+  cores, and CPU time over seconds of idle picks up whatever else the processes do: on a
+  busy machine the CPU figures are the noisiest here.
 
 ``correct``: every stream equal to what the service sends, and (tracing on) every traced
 request's spans of both processes received by the collector, joined, the server's parented
@@ -66,6 +69,7 @@ TOKENS: Final = 64
 """Tokens per traced stream: 64 ms a stream at 1 ms a token."""
 WORKLOAD: Final = "stream-256"
 HOOKS_SAMPLE_S: Final = 0.02
+CPU_BLOCK_CALLS: Final = 30
 EXPORT_WAIT_S: Final = 5.5
 """Past the batch span processor's schedule (``OTEL_BSP_SCHEDULE_DELAY``, 5 s by default): a
 server's spans are exported within it."""
@@ -373,14 +377,23 @@ def bench_tracing_on(benchmark: Any, tracing_env: _Env, transport: str) -> None:
     # the pairs' own stamps, in the same alternating order
     e2e = list(zip(traced.e2e_ns, untraced.e2e_ns, strict=True))
     ttft = list(zip(traced.ttft_ns, untraced.ttft_ns, strict=True))
-    # CPU in blocks, each waited out past the batch processors' export: a traced request's
-    # spans leave seconds after it, in whatever request is running then
-    calls = 1 if benchmark.disabled else PAIRS
+    # CPU in blocks, each waited out past the batch processors' export (a traced request's
+    # spans leave seconds after it, in whatever request is running then), in the order
+    # traced, untraced, untraced, traced, so that a drift of the machine cancels
+    calls = 1 if benchmark.disabled else CPU_BLOCK_CALLS
     wait_s = 0.0 if benchmark.disabled else EXPORT_WAIT_S
-    cpu_traced = _cpu_block(
-        subject, _pid(env, transport, "traced"), calls, wait_s, after=env.tracer.flush
-    )
-    cpu_untraced = _cpu_block(baseline, _pid(env, transport, "paced"), calls, wait_s)
+    cpu_traced, cpu_untraced = [0, 0], [0, 0]
+    for is_traced in (True, False) if benchmark.disabled else (True, False, False, True):
+        if is_traced:
+            block = _cpu_block(
+                subject, _pid(env, transport, "traced"), calls, wait_s, after=env.tracer.flush
+            )
+        else:
+            block = _cpu_block(baseline, _pid(env, transport, "paced"), calls, wait_s)
+        totals = cpu_traced if is_traced else cpu_untraced
+        totals[0] += block[0]
+        totals[1] += block[1]
+    calls *= 1 if benchmark.disabled else 2  # per side
     overhead_ns = statistics.median(a - b for a, b in e2e)
     cpu_overhead_ns = (sum(cpu_traced) - sum(cpu_untraced)) / calls
     spans_ok = _spans_joined(env, traced.traceparents)
