@@ -19,18 +19,19 @@ Two comparisons, each of two server processes on loopback measured back to back 
   ``ttft_ratio`` (to the first chunk), ``cpu_ratio`` (client + server CPU time),
   and per token and per request: ``overhead_us_per_token`` and ``overhead_us_per_request``
   (the median traced - untraced wall time of the pairs, over the tokens or whole), and
-  ``cpu_us_per_token`` and ``cpu_us_per_request`` in CPU time, the client's thread and its
-  span exporter's + the server process (``cpu_client_us_per_request`` and
-  ``cpu_server_us_per_request`` split it). The spans leave in batches seconds after their
-  request, so CPU is not paired per request: blocks of ``CPU_BLOCK_CALLS`` traced requests,
-  the client flushed, then idle past the servers' export schedule (``EXPORT_WAIT_S``), against
-  the same blocks untraced, in the order traced, untraced, untraced, traced (a drift of the
-  machine cancels); ``cpu_ratio`` is the ratio of the blocks' sums. A paced stream's end is
-  set by its schedule, so wall-clock overhead shows only where tracing makes a token late;
-  the CPU figures are what it takes from a machine either way. The collector's own CPU is not
-  in them (a real one runs elsewhere); on this 2-core machine its work does compete for the
-  cores, and CPU time over seconds of idle picks up whatever else the processes do: on a
-  busy machine the CPU figures are the noisiest here.
+  ``cpu_us_per_token`` and ``cpu_us_per_request`` in CPU time: ``cpu_sync_us_per_request``,
+  the median traced - untraced CPU of the pairs (this thread + the server process: what a
+  request costs as it runs, ``cpu_ratio`` the median ratio), plus the export of its spans,
+  which the batch span processors do seconds later on a thread of their own:
+  ``export_us_per_span``, measured on this process's exporter thread over the pairs' client
+  spans (the flush after them exports the last), times the spans of a request on both sides
+  (the server's exporter is the same SDK code; its thread's CPU cannot be singled out from
+  here, and a window of its whole process over the seconds an export takes was all noise on
+  this shared machine: one block each way gave -0.7 to +7 ms a request). A paced stream's
+  end is set by its schedule, so wall-clock overhead shows only where tracing makes a token
+  late; the CPU figures are what it takes from a machine either way. The collector's own CPU
+  is not in them (a real one runs elsewhere); on this 2-core machine its work does compete
+  for the cores.
 
 ``correct``: every stream equal to what the service sends, and (tracing on) every traced
 request's spans of both processes received by the collector, joined, the server's parented
@@ -63,7 +64,7 @@ from inferwire.bench.measure.paired import paired_ratio
 from inferwire.bench.procs import server_process
 from inferwire.bench.traces import otlp_json
 from inferwire.transports import loops
-from inferwire.transports.tracing import CLIENT_SERVICE, Tracer
+from inferwire.transports.tracing import CLIENT_SERVICE, CLIENT_STAGES, SERVER_STAGES, Tracer
 from inferwire.workloads import token_stream_source
 
 PAIRS: Final = 21
@@ -71,10 +72,8 @@ TOKENS: Final = 64
 """Tokens per traced stream: 64 ms a stream at 1 ms a token."""
 WORKLOAD: Final = "stream-256"
 HOOKS_SAMPLE_S: Final = 0.02
-CPU_BLOCK_CALLS: Final = 30
-EXPORT_WAIT_S: Final = 5.5
-"""Past the batch span processor's schedule (``OTEL_BSP_SCHEDULE_DELAY``, 5 s by default): a
-server's spans are exported within it."""
+CLIENT_SPANS: Final = 1 + len(CLIENT_STAGES)
+SERVER_SPANS: Final = 1 + len(SERVER_STAGES)
 ROOT: Final = Path(__file__).resolve().parents[1]
 TRANSPORTS: Final = it.TRANSPORTS
 COLLECT: Final = (sys.executable, "-m", "inferwire.bench.runner.cli", "trace", "collect")
@@ -270,50 +269,29 @@ def _cpu_pairs(
         return time.thread_time_ns() - client + time.clock_gettime_ns(clock) - server
 
     pairs = []
-    for i in range(PAIRS):
-        if i % 2:
-            a = cpu_ns(subject, subject_pid)
-            b = cpu_ns(baseline, base_pid)
-        else:
-            b = cpu_ns(baseline, base_pid)
-            a = cpu_ns(subject, subject_pid)
-        pairs.append((a, b))
+    gc.collect()
+    gc.disable()  # as the paired ratios: no collection billed to one side
+    try:
+        for i in range(PAIRS):
+            if i % 2:
+                a = cpu_ns(subject, subject_pid)
+                b = cpu_ns(baseline, base_pid)
+            else:
+                b = cpu_ns(baseline, base_pid)
+                a = cpu_ns(subject, subject_pid)
+            pairs.append((a, b))
+    finally:
+        gc.enable()
     return pairs
 
 
-def _cpu_block(
-    work: Callable[[], Any],
-    pid: int,
-    calls: int,
-    wait_s: float,
-    after: Callable[[], object] | None = None,
-) -> tuple[int, int]:
-    """CPU time of ``calls`` calls of ``work``, then ``after``, then ``wait_s`` idle: the
-    client's (this thread's and the span exporter's), and the server process's. Not this
-    whole process's: it holds every other client of the module (grpc's own threads among
-    them), whose background work over seconds was as large as the difference measured."""
-    clock = server_process.cpu_clock(pid)
-    exporters = [
-        time.pthread_getcpuclockid(thread.ident)
+def _exporter_ns() -> int:
+    """CPU time of this process's span exporter threads (the batch span processors')."""
+    return sum(
+        time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
         for thread in threading.enumerate()
         if thread.name.startswith("OtelBatch") and thread.ident is not None
-    ]
-
-    def client_ns() -> int:
-        return time.thread_time_ns() + sum(map(time.clock_gettime_ns, exporters))
-
-    gc.collect()  # a full collection here costs tens of ms, billed to whichever block ran it
-    gc.disable()
-    try:
-        client, server = client_ns(), time.clock_gettime_ns(clock)
-        for _ in range(calls):
-            work()
-        if after is not None:
-            after()
-        time.sleep(wait_s)
-        return client_ns() - client, time.clock_gettime_ns(clock) - server
-    finally:
-        gc.enable()
+    )
 
 
 def _pid(env: _Env, transport: str, kind: str) -> int:
@@ -395,25 +373,19 @@ def bench_tracing_on(benchmark: Any, tracing_env: _Env, transport: str) -> None:
     # the pairs' own stamps, in the same alternating order
     e2e = list(zip(traced.e2e_ns, untraced.e2e_ns, strict=True))
     ttft = list(zip(traced.ttft_ns, untraced.ttft_ns, strict=True))
-    # CPU in blocks, each waited out past the batch processors' export (a traced request's
-    # spans leave seconds after it, in whatever request is running then), in the order
-    # traced, untraced, untraced, traced, so that a drift of the machine cancels
-    calls = 1 if benchmark.disabled else CPU_BLOCK_CALLS
-    wait_s = 0.0 if benchmark.disabled else EXPORT_WAIT_S
-    cpu_traced, cpu_untraced = [0, 0], [0, 0]
-    for is_traced in (True, False) if benchmark.disabled else (True, False, False, True):
-        if is_traced:
-            block = _cpu_block(
-                subject, _pid(env, transport, "traced"), calls, wait_s, after=env.tracer.flush
-            )
-        else:
-            block = _cpu_block(baseline, _pid(env, transport, "paced"), calls, wait_s)
-        totals = cpu_traced if is_traced else cpu_untraced
-        totals[0] += block[0]
-        totals[1] += block[1]
-    calls *= 1 if benchmark.disabled else 2  # per side
+    # CPU: what each request costs as it runs, paired (client thread + server process), and
+    # what exporting its spans costs later, on the client's exporter thread: the client's
+    # spans of the pairs are all exported by the flush after them
+    env.tracer.flush()
+    exported_before = _exporter_ns()
+    cpu = _cpu_pairs(
+        subject, _pid(env, transport, "traced"), baseline, _pid(env, transport, "paced")
+    )
+    env.tracer.flush()
+    export_ns_per_span = (_exporter_ns() - exported_before) / (PAIRS * CLIENT_SPANS)
+    cpu_sync_ns = statistics.median(a - b for a, b in cpu)
+    cpu_overhead_ns = cpu_sync_ns + export_ns_per_span * (CLIENT_SPANS + SERVER_SPANS)
     overhead_ns = statistics.median(a - b for a, b in e2e)
-    cpu_overhead_ns = (sum(cpu_traced) - sum(cpu_untraced)) / calls
     spans_ok = _spans_joined(env, traced.traceparents)
     benchmark.extra_info.update(
         transport=transport,
@@ -424,9 +396,9 @@ def bench_tracing_on(benchmark: Any, tracing_env: _Env, transport: str) -> None:
         pairs=pairs,
         e2e_ratio=e2e_ratio,
         ttft_ratio=statistics.median(a / max(b, 1) for a, b in ttft),
-        cpu_ratio=sum(cpu_traced) / max(sum(cpu_untraced), 1),
-        cpu_client_us_per_request=(cpu_traced[0] - cpu_untraced[0]) / calls / 1e3,
-        cpu_server_us_per_request=(cpu_traced[1] - cpu_untraced[1]) / calls / 1e3,
+        cpu_ratio=statistics.median(a / max(b, 1) for a, b in cpu),
+        cpu_sync_us_per_request=cpu_sync_ns / 1e3,
+        export_us_per_span=export_ns_per_span / 1e3,
         overhead_us_per_request=overhead_ns / 1e3,
         overhead_us_per_token=overhead_ns / 1e3 / tokens,
         cpu_us_per_request=cpu_overhead_ns / 1e3,
