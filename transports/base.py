@@ -18,6 +18,7 @@ from .tls import ClientTls, ServerTls
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
+    from .tracing import Tracer
 
 
 class Client(ABC):
@@ -88,8 +89,11 @@ class Server(ABC):
         tls: ServerTls | None = None,
         limits: Limits = DEFAULT_LIMITS,
         metrics: ServerMetrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.service = service
+        self.tracer = tracer
+        """Spans of each stream's stages (``--trace``, :mod:`.tracing`); None: untraced."""
         self.codec = codec
         self.metrics = metrics
         self.host = host

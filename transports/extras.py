@@ -35,6 +35,8 @@ EXTRAS: Final = {
     "hypercorn": ("hypercorn", "bench"),
     "tokenizers": ("tokenizers", "tokenizer"),
     "locust": ("locust", "locust"),
+    # one import name for the four distributions of the trace extra: the SDK stands for them
+    "opentelemetry": ("opentelemetry-sdk", "trace"),
 }
 INCLUDES: Final = {
     "bench": ("transports", "uvloop"),

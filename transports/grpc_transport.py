@@ -59,10 +59,11 @@ from .grpc_envelope import RequestKind, ResponseKind
 from .grpc_standard import StandardServices
 from .service import GenerateRequest, TokenStream
 from .streams import ChunkReader, stream_frames, stream_messages
-from .timing import TRAILER, ServerStamps, StreamTiming, now_ns, unpack
+from .timing import TRACEPARENT, TRAILER, ServerStamps, StreamTiming, now_ns, unpack
 
 if TYPE_CHECKING:
     from .metrics import RequestMeter
+    from .tracing import ServerTrace
 
 TRAILER_BIN: Final = TRAILER + "-bin"
 BATCH_CHUNKS: Final = 256
@@ -226,10 +227,10 @@ class GrpcServer(Server):
 
     async def _opened(
         self, data: bytes, context: grpc.aio.ServicerContext
-    ) -> tuple[TokenStream, ServerStamps | None, RequestMeter | None]:
-        """The stream a generate RPC asks for, its stamps if it asked for timing, and its meter
-        if the server records metrics; a request that cannot be served is aborted with its
-        status."""
+    ) -> tuple[TokenStream, ServerStamps | None, int, RequestMeter | None]:
+        """The stream a generate RPC asks for, its stamps if it asked for timing, when it was
+        received, and its meter if the server records metrics; a request that cannot be
+        served is aborted with its status."""
         received_ns = now_ns()
         if ic.TokenChunk not in self.codec.types:
             self._refused(received_ns)
@@ -248,7 +249,21 @@ class GrpcServer(Server):
             stamps = ServerStamps(received_ns)
             stamps.parsed()
         meter = None if self.metrics is None else self.metrics.start("stream", received_ns)
-        return stream, stamps, meter
+        return stream, stamps, received_ns, meter
+
+    def _trace(
+        self,
+        context: grpc.aio.ServicerContext,
+        stream: TokenStream,
+        stamps: ServerStamps | None,
+        received_ns: int,
+    ) -> ServerTrace:
+        """A traced server's trace of a stream, parented by the call's ``traceparent``."""
+        assert self.tracer is not None
+        metadata = dict(context.invocation_metadata() or ())
+        return self.tracer.server_request(
+            metadata.get(TRACEPARENT), received_ns, stamps, stream.request.workload
+        )
 
     @staticmethod
     def _send_stamps(context: grpc.aio.ServicerContext, stamps: ServerStamps | None) -> None:
@@ -260,8 +275,12 @@ class GrpcServer(Server):
     # (its loop over the handler's, which loops over ours).
 
     async def _generate(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
-        stream, stamps, meter = await self._opened(data, context)
-        messages = self._messages(stream, stamps, meter)
+        stream, stamps, received_ns, meter = await self._opened(data, context)
+        if self.tracer is None:
+            messages = self._messages(stream, stamps, meter)
+        else:
+            trace = self._trace(context, stream, stamps, received_ns)
+            messages = trace.frames(self._messages(stream, trace.stamps, meter))
         write = context.write
         try:
             async with contextlib.aclosing(messages):
@@ -280,17 +299,22 @@ class GrpcServer(Server):
             meter.finish("ok")
 
     async def _generate_batched(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
-        stream, stamps, meter = await self._opened(data, context)
+        stream, stamps, received_ns, meter = await self._opened(data, context)
         encoder = self.codec.stream_encoder()
+        trace = None
+        if self.tracer is not None:
+            trace = self._trace(context, stream, stamps, received_ns)
         pieces = stream_frames(
             self.service,
             stream,
             encoder,
-            stamps,
+            stamps if trace is None else trace.stamps,
             max_chunks=BATCH_CHUNKS,
             end_in_last=True,
             meter=meter,
         )
+        if trace is not None:
+            pieces = trace.frames(pieces)
         try:
             async with contextlib.aclosing(pieces):
                 async for piece in pieces:
@@ -457,13 +481,17 @@ class GrpcClient(Client):
     async def generate(
         self, request: GenerateRequest, *, timing: StreamTiming | None = None
     ) -> AsyncIterator[ic.TokenChunk]:
+        metadata = None
         if timing is not None:
             timing.request_start_ns = now_ns()
         message = _request_to_pb(request)
         if timing is not None:
-            message.timing = True
+            message.timing = timing.server_stamps
+            timing.request_encoded_ns = now_ns()  # grpc serializes it when it sends it
+            if timing.traceparent:
+                metadata = ((TRACEPARENT, timing.traceparent),)
         stream = self._reader(timing)
-        call = self._generate_bytes(message, timeout=self.deadline_s)
+        call = self._generate_bytes(message, timeout=self.deadline_s, metadata=metadata)
         if timing is not None:
             # grpc serializes and sends in the background: the call is started by now
             timing.request_sent_ns = now_ns()
@@ -478,7 +506,7 @@ class GrpcClient(Client):
                     for chunk in stream.feed(data):
                         yield chunk
                 stream.close()
-                if timing is not None:
+                if timing is not None and timing.server_stamps:
                     trailing = dict(await call.trailing_metadata() or ())
                     packed = trailing.get(TRAILER_BIN)
                     if not isinstance(packed, bytes):

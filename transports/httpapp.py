@@ -42,6 +42,7 @@ from .service import SimulatedService
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
+    from .tracing import Tracer
 
 __all__ = ["HttpApp", "Response", "error"]
 
@@ -62,12 +63,13 @@ class HttpApp:
         *,
         registry: ic.SchemaRegistry | None = None,
         metrics: ServerMetrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.service = service
         self.codec = codec
         self.registry = registry
         self.metrics = metrics
-        self.openai = OpenAIApi(service, codec, metrics=metrics)
+        self.openai = OpenAIApi(service, codec, metrics=metrics, tracer=tracer)
         self.kserve = KServeHttp(service, codec, metrics=metrics)
 
     def handle(

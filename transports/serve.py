@@ -9,7 +9,8 @@ in this process, until SIGINT or SIGTERM.
 The first line on stdout says where it listens (``listening on HOST:PORT``, and with a
 generated test certificate ``ca=PATH`` of its CA), then ``loop=asyncio`` or ``loop=uvloop``
 (the event loop that runs it, ``--loop``), then, with ``--metrics-port``, ``metrics=HOST:PORT``
-(where its side HTTP server answers scrapes), so a parent process that asked for port 0
+(where its side HTTP server answers scrapes), and with ``--trace``, ``trace=URL`` (where its
+spans go, :mod:`inferwire.transports.tracing`), so a parent process that asked for port 0
 learns the ports. The simulated service plays the seeded workloads of
 :mod:`inferwire.workloads`. A server records its Prometheus metrics
 (:mod:`inferwire.transports.metrics`) unless ``--no-metrics``.
@@ -41,8 +42,10 @@ from .arguments import (
     Commands,
     Parser,
     add_loop_argument,
+    add_trace_arguments,
     authority,
     check_can_listen,
+    check_trace_arguments,
     connect_address,
     existing_file,
     listen_address,
@@ -56,6 +59,7 @@ from .arguments import (
 )
 from .extras import needs_extras
 from .proxy import DelayProxy
+from .tracing import SERVER_SERVICE, Tracer
 
 if TYPE_CHECKING:
     from .metrics import MetricsServer, ServerMetrics
@@ -120,9 +124,15 @@ async def _serve(args: argparse.Namespace) -> None:
         if args.metrics_port == args.port:
             raise CommandError("--metrics-port and --port must differ")
         check_can_listen(args.host, args.metrics_port)
+    check_trace_arguments(args)
     tls, extra = _server_tls(args)
     codec = ic.get(args.codec)
     metrics = None if args.no_metrics else _metrics(args.transport, codec.name)
+    tracer = None
+    if args.trace:  # only then is OpenTelemetry imported
+        tracer = Tracer.open(
+            SERVER_SERVICE, args.trace_endpoint, transport=args.transport, codec=args.codec
+        )
     service = it.SimulatedService(
         token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
     )
@@ -137,6 +147,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tls=tls,
         limits=it.Limits(max_message_bytes=args.max_message_bytes),
         metrics=metrics,
+        tracer=tracer,
         **options,
     )
     stop = _stop_on_signals()
@@ -148,6 +159,8 @@ async def _serve(args: argparse.Namespace) -> None:
         extra += f" loop={loops.running()}"
         if side is not None:
             extra += f" metrics={authority(*side.address)}"
+        if tracer is not None:
+            extra += f" trace={tracer.endpoint}"
         _announce(host, port, extra)
         serving = asyncio.ensure_future(server.serve_forever())
         try:
@@ -161,6 +174,9 @@ async def _serve(args: argparse.Namespace) -> None:
     finally:
         if side is not None:
             side.stop()
+        if tracer is not None:
+            await asyncio.sleep(0)  # the spans of streams that just ended are built
+            await asyncio.to_thread(tracer.close)  # exports what is queued
 
 
 def _metrics(transport: str, codec: str) -> ServerMetrics:
@@ -308,6 +324,7 @@ def add_commands(commands: Commands) -> None:
         help="record no metrics (the benchmarks' servers: a floor measures the transport alone)",
     )
     add_loop_argument(srv)
+    add_trace_arguments(srv, "each stream's stages")
     srv.set_defaults(run=serve)
 
     prx = commands.add_parser(

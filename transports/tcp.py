@@ -25,7 +25,7 @@ import contextlib
 import logging
 import struct
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
@@ -42,7 +42,7 @@ from .errors import (
 )
 from .service import GenerateRequest, TokenStream
 from .streams import ChunkReader, stream_frames
-from .timing import ServerStamps, StreamTiming, now_ns, unpack
+from .timing import TRACEPARENT, ServerStamps, StreamTiming, asks_server, now_ns, unpack
 
 if TYPE_CHECKING:
     from .metrics import RequestMeter
@@ -116,7 +116,8 @@ class TcpServer(Server):
                 await _answer_error(writer, 406, f"codec {self.codec.name!r} has no streams", meter)
                 return True
             try:
-                request = GenerateRequest.from_json_obj(orjson.loads(body))
+                obj = orjson.loads(body)
+                request = GenerateRequest.from_json_obj(obj)
                 stream = self.service.open(request)  # a bad request is refused before a stream
             except (orjson.JSONDecodeError, BadRequestError) as exc:
                 await _answer_error(writer, 400, str(exc), meter)
@@ -125,7 +126,7 @@ class TcpServer(Server):
             if meter is not None:
                 meter.kind = "stream"  # a refusal is a unary answer, as on every transport
                 meter.written(len(OK))
-            await self._stream(stream, writer, received_ns, meter)
+            await self._stream(stream, writer, received_ns, obj, meter)
             return True
         if op == OP_INFER:
             try:
@@ -148,17 +149,26 @@ class TcpServer(Server):
         stream: TokenStream,
         writer: asyncio.StreamWriter,
         received_ns: int,
+        obj: Any,
         meter: RequestMeter | None = None,
     ) -> None:
         """One write per batch of due chunks; a timed stream wraps each in a length and ends
-        with a zero length and the stamps (see the module docstring)."""
+        with a zero length and the stamps (see the module docstring). ``obj``: the request's
+        JSON object, whose ``traceparent`` a traced server reads."""
         stamps = None
         if stream.request.timing:
             stamps = ServerStamps(received_ns)
             stamps.parsed()
-        frames = stream_frames(
-            self.service, stream, self.codec.stream_encoder(), stamps, meter=meter
-        )
+        encoder = self.codec.stream_encoder()
+        if self.tracer is None:
+            frames = stream_frames(self.service, stream, encoder, stamps, meter=meter)
+        else:
+            trace = self.tracer.server_request(
+                obj.get(TRACEPARENT), received_ns, stamps, stream.request.workload
+            )
+            frames = trace.frames(
+                stream_frames(self.service, stream, encoder, trace.stamps, meter=meter)
+            )
         async with contextlib.aclosing(frames):
             async for frame in frames:
                 writer.write(frame if stamps is None else _LEN.pack(len(frame)) + frame)
@@ -288,16 +298,20 @@ class TcpClient(Client):
         self, request: GenerateRequest, *, timing: StreamTiming | None = None
     ) -> AsyncIterator[ic.TokenChunk]:
         limit = self.limits.max_message_bytes
+        stamped = asks_server(timing)
         if timing is not None:
             timing.request_start_ns = now_ns()
-        body = request.to_json(timing=timing is not None)
+            body = _request_body(request, timing)
+            timing.request_encoded_ns = now_ns()
+        else:
+            body = request.to_json()
         async with self._lock:
             done = False
             stream = ChunkReader.of_bytes(self.codec, limit, "tcp", timing)
             try:
                 async with asyncio.timeout(self.limits.timeout_s) as deadline:
                     reader = await self._send(OP_GENERATE, body, timing)
-                    read = _read_block if timing is not None else _read_any
+                    read = _read_block if stamped else _read_any
                     loop = asyncio.get_running_loop()
                     while not stream.finished:
                         deadline.reschedule(loop.time() + self.limits.timeout_s)
@@ -313,7 +327,7 @@ class TcpClient(Client):
                             yield chunk
                     deadline.reschedule(loop.time() + self.limits.timeout_s)
                     stream.close()
-                    if timing is not None:
+                    if timing is not None and stamped:
                         with map_exceptions("tcp stream"):
                             if await read(reader, limit) is not None:
                                 raise ProtocolError("tcp: a timed stream goes on after its end")
@@ -329,6 +343,17 @@ class TcpClient(Client):
 
     async def close(self) -> None:
         await self._drop()
+
+
+def _request_body(request: GenerateRequest, timing: StreamTiming) -> bytes:
+    """The JSON of a request the client stamps: with ``timing`` if it asks for the server's
+    stamps, with ``traceparent`` if it is traced (a field older servers ignore)."""
+    obj = request.to_json_obj()
+    if timing.server_stamps:
+        obj["timing"] = True
+    if timing.traceparent:
+        obj[TRACEPARENT] = timing.traceparent
+    return orjson.dumps(obj)
 
 
 async def _read_any(reader: asyncio.StreamReader, limit: int) -> bytes:

@@ -78,6 +78,7 @@ scheduler wakes on a Linux timerfd armed at each intended send time
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import json
@@ -93,6 +94,7 @@ import inferwire.transports as it
 from inferwire.bench.procs import server_process
 from inferwire.transports import arguments, loops
 from inferwire.transports.arguments import CommandError
+from inferwire.transports.tracing import CLIENT_SERVICE, Tracer, default_endpoint
 
 from . import api_mode, capacity, live_metrics, load_arguments, load_outputs, metrics
 from .metrics import Slo
@@ -106,6 +108,7 @@ from .openloop import (
     warm_up,
 )
 from .records import RecordWriter
+from .traced import TracedTarget
 
 
 @contextlib.contextmanager
@@ -115,6 +118,8 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, int | None]]:
         yield args.address, args.server_pid
         return
     pacing = ["--prefill-ms", str(args.prefill_ms), "--decode-ms", str(args.decode_ms)]
+    if args.trace:  # the spawned server's spans go where the generator's go
+        pacing += ["--trace", "--trace-endpoint", args.trace_endpoint or default_endpoint()]
     with server_process.serve(args.transport, args.codec, *pacing, "--loop", args.loop) as server:
         assert server.process is not None
         yield server.address, server.process.pid
@@ -130,8 +135,15 @@ async def _sweep(
     live: live_metrics.LiveMetrics | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The points of the sweep (or of the capacity search), and the search's section."""
+    tracer: Tracer | None = None
     if api is None:
-        target: Target = open_target(args.transport, address, args.codec)
+        client = open_target(args.transport, address, args.codec)
+        target: Target = client
+        if args.trace:
+            tracer = Tracer.open(
+                CLIENT_SERVICE, args.trace_endpoint, transport=args.transport, codec=args.codec
+            )
+            target = TracedTarget(client, tracer)
         expected = spec.expected_chunks()
         first: Any = spec.request()
     else:
@@ -188,6 +200,8 @@ async def _sweep(
     finally:
         gc.unfreeze()
         await target.close()
+        if tracer is not None:
+            await asyncio.to_thread(tracer.close)  # exports what is queued
     return points, found
 
 
@@ -285,6 +299,9 @@ def _load(args: argparse.Namespace) -> int:
     _check_target(args)
     if args.address and (args.prefill_ms or args.decode_ms):
         raise CommandError("--prefill-ms/--decode-ms set a --spawn'ed server")
+    arguments.check_trace_arguments(args)
+    if args.trace and (args.api is not None or args.url is not None):
+        raise CommandError("--trace traces inferwire's own transports, not --api or --url")
     if args.spawn and args.server_pid is not None:
         raise CommandError("--server-pid is for --address; a --spawn'ed server's pid is known")
     if args.server_pid is not None and not _process_exists(args.server_pid):
@@ -411,6 +428,7 @@ def add_commands(commands: arguments.Commands) -> None:
         description=load_arguments.DESCRIPTION,
     )
     load_arguments.add_load_arguments(load)
+    arguments.add_trace_arguments(load, "each request's stages (with --spawn, the server's too)")
     load_arguments.add_output_arguments(load)
     load_arguments.add_metrics_arguments(load)
     load.set_defaults(run=_load)

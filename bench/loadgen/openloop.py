@@ -115,14 +115,16 @@ class ClientPool:
         self._idle: list[it.Client] = []
         self._clients: list[it.Client] = []
 
-    async def generate(self, request: it.GenerateRequest, /) -> AsyncIterator[ic.TokenChunk]:
+    async def generate(
+        self, request: it.GenerateRequest, /, *, timing: it.StreamTiming | None = None
+    ) -> AsyncIterator[ic.TokenChunk]:
         if self._idle:
             client = self._idle.pop()
         else:
             client = self._make()
             self._clients.append(client)
         try:
-            async for chunk in client.generate(request):
+            async for chunk in client.generate(request, timing=timing):
                 yield chunk
         finally:
             self._idle.append(client)
@@ -134,7 +136,7 @@ class ClientPool:
 
 def open_target(
     transport: str, address: str, codec: str, *, limits: it.Limits = DEFAULT_LIMITS
-) -> Target:
+) -> it.Client | ClientPool:
     """A client for ``transport``: http1 pools connections itself, http2 and grpc multiplex
     one connection, and tcp gets a :class:`ClientPool`. ``limits.timeout_s`` bounds each
     connect and each wait for the server."""

@@ -25,6 +25,7 @@ from inferwire.bench.procs.server_process import LOOP_ENV
 from inferwire.bench.report import results
 from inferwire.bench.report.instructions import INSTRUCTIONS_RAW
 from inferwire.bench.runner import merge
+from inferwire.bench.traces import command as trace_command
 from inferwire.bench.watch import command as watch_command
 from inferwire.transports import extras, loops, serve
 from inferwire.transports.arguments import (
@@ -368,6 +369,7 @@ def build_parser() -> Parser:
         _unavailable(commands, "load", "open-loop load against one server", missing)
     else:
         load_command.add_commands(commands)
+    trace_command.add_commands(commands)
     return parser
 
 

@@ -190,7 +190,9 @@ class Http1Server(Server):
         self, *args: object, registry: ic.SchemaRegistry | None = None, **kwargs: object
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.app = HttpApp(self.service, self.codec, registry=registry, metrics=self.metrics)
+        self.app = HttpApp(
+            self.service, self.codec, registry=registry, metrics=self.metrics, tracer=self.tracer
+        )
 
     async def start(self) -> tuple[str, int]:
         return await self._serve_streams(self._handle, READ_BYTES)

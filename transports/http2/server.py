@@ -500,7 +500,9 @@ class Http2Server(Server):
         self, *args: object, registry: ic.SchemaRegistry | None = None, **kwargs: object
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.app = HttpApp(self.service, self.codec, registry=registry, metrics=self.metrics)
+        self.app = HttpApp(
+            self.service, self.codec, registry=registry, metrics=self.metrics, tracer=self.tracer
+        )
         self.protocols: set[ServerProtocol] = set()
         self.handlers_peak = 0
         """Most stream handlers one connection ran at once (at most MAX_HANDLERS)."""
