@@ -199,15 +199,23 @@ def test_a_stall_fires_the_alert_and_every_dashboard_query_has_data(tmp_path: Pa
                 "a client P99 from the scrapes",
                 lambda: True if _finite(prometheus.query(client_p99)) else None,
             )
-            assert prometheus.alert_state(ALERT) == "inactive"
+            # every dashboard query returns data while the run goes on (a rate needs two
+            # scrapes of a target inside the window: polled until they are there)
+            missing: list[str] = []
 
-            # every dashboard query returns data while the run goes on
-            missing = [
-                expr
-                for expr in dashboard.every_query()
-                if not prometheus.query(expr.replace(dashboard.RATE_WINDOW, WINDOW))
-            ]
-            assert not missing, f"dashboard queries without data: {missing}"
+            def all_have_data() -> bool | None:
+                missing[:] = [
+                    expr
+                    for expr in dashboard.every_query()
+                    if not prometheus.query(expr.replace(dashboard.RATE_WINDOW, WINDOW))
+                ]
+                return True if not missing else None
+
+            try:
+                _until("every dashboard query to return data", all_have_data)
+            except AssertionError:
+                raise AssertionError(f"dashboard queries without data: {missing}") from None
+            assert prometheus.alert_state(ALERT) == "inactive"
 
             os.kill(server.pid, signal.SIGSTOP)
             time.sleep(STALL_S)
