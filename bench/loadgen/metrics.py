@@ -131,8 +131,8 @@ class Histogram:
         ).clip(0, None)  # none expected < 0
         if self._spread:
             values_ns = values_ns // counts
-        if self.twin is not None:
-            self.twin.observe_all_ns(values_ns, counts)
+        if self.twin is not None:  # each value once (all but record_many_ns'): the cheaper pass
+            self.twin.observe_all_ns(values_ns, counts if self._counts else None)
         self._sum_ns += int(np.dot(values_ns, counts))
         self._max_ns = max(self._max_ns, int(values_ns.max()))
         values_us = ((values_ns + 500) // 1000).clip(None, HIGHEST_US)  # nearest microsecond
