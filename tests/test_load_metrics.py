@@ -41,9 +41,12 @@ from tests.load_metrics_helpers import HISTOGRAMS, SPEC, assert_agree, buckets, 
 def test_the_families_are_the_contracts() -> None:
     live = LiveMetrics()
     live.started()
-    live.completed(2_000_000, 9_000_000, [1_000_000, 3_000_000], 3)
+    live.completed(3)
+    live.ttft.observe_all_ns(np.array([2_000_000]))
+    live.itl.observe_all_ns(np.array([1_000_000, 3_000_000]))
+    live.e2e.observe_all_ns(np.array([9_000_000]))
     live.failed("ConnectError")
-    live.lagged(40_000)
+    live.send_lag.observe_all_ns(np.array([40_000]))
     live.ended()
     families = scrape(live)
     assert {name: f["type"] for name, f in families.items()} == {
@@ -86,8 +89,8 @@ def test_the_latency_buckets_are_the_servers_and_send_lag_starts_at_a_microsecon
             assert tuple(bounds[:-1]) == LATENCY_BUCKETS_S  # 0.5 s is one: the alert's bound
 
 
-@pytest.mark.parametrize("many", [False, True], ids=["one-by-one", "numpy"])
-def test_a_value_on_a_bound_counts_in_it(many: bool) -> None:
+@pytest.mark.parametrize("weighted", [False, True], ids=["once-each", "with-counts"])
+def test_a_value_on_a_bound_counts_in_it(weighted: bool) -> None:
     """Prometheus' ``le``: each bound, and a nanosecond either side of it."""
     live = LiveMetrics()
     values_ns = [0]
@@ -95,29 +98,32 @@ def test_a_value_on_a_bound_counts_in_it(many: bool) -> None:
         bound_ns = round(bound * 1e9)
         values_ns += [bound_ns - 1, bound_ns, bound_ns + 1]
     values_ns.append(10**12)  # past the last bound: +Inf only
-    if many:
-        assert len(values_ns) >= live_metrics.BULK_GAPS
-        live.completed(None, 1, values_ns, 0)
-    else:
-        for one in values_ns:
-            live.completed(None, 1, [one], 0)
-    counted = dict(buckets(scrape(live), "inferwire_load_inter_token_latency_seconds"))
+    counts = [1 + i % 3 for i in range(len(values_ns))] if weighted else [1] * len(values_ns)
+    values = np.array(values_ns, np.int64)
+    live.itl.observe_all_ns(values, np.array(counts, np.int64) if weighted else None)
+    counted = dict(buckets(scrape(live), HISTOGRAMS["itl_per_chunk"]))
     for bound in LATENCY_BUCKETS_S:
-        below_or_on = sum(1 for v in values_ns if v <= round(bound * 1e9))
+        below_or_on = sum(
+            c for v, c in zip(values_ns, counts, strict=True) if v <= round(bound * 1e9)
+        )
         assert counted[bound] == below_or_on, bound
-    assert counted[math.inf] == len(values_ns)
+    assert counted[math.inf] == sum(counts)
+    total_s = sum(v * c for v, c in zip(values_ns, counts, strict=True)) / 1e9
+    assert value(scrape(live), "inferwire_load_inter_token_latency_seconds_sum") == pytest.approx(
+        total_s, rel=1e-12
+    )
 
 
-def test_both_ways_of_counting_gaps_agree_with_the_servers_histogram() -> None:
-    """A stream's gaps counted at once (numpy, long streams) or one by one (short ones) land
-    in the buckets where :class:`metrics_core.Histogram` puts the same values in seconds."""
+def test_values_land_where_the_servers_histogram_puts_them() -> None:
+    """Batches of any size, in the buckets where :class:`metrics_core.Histogram` (the
+    servers') puts the same values in seconds; an empty batch changes nothing."""
     rng = np.random.default_rng(16)
     reference = metrics_core.Histogram(LATENCY_BUCKETS_S)
     live = LiveMetrics()
-    for length in (1, 5, 31, 32, 33, 255, 1000):
-        gaps_ns = rng.lognormal(math.log(2e6), 2.0, length).astype(np.int64).tolist()
-        live.completed(None, 1, gaps_ns, 0)
-        for gap_ns in gaps_ns:
+    for length in (0, 1, 5, 255, 1000):
+        gaps_ns = rng.lognormal(math.log(2e6), 2.0, length).astype(np.int64)
+        live.itl.observe_all_ns(gaps_ns)
+        for gap_ns in gaps_ns.tolist():
             reference.observe(gap_ns / 1e9)
     family = scrape(live)
     cumulative = [count for _, count in buckets(family, HISTOGRAMS["itl_per_chunk"])]
@@ -125,6 +131,35 @@ def test_both_ways_of_counting_gaps_agree_with_the_servers_histogram() -> None:
     assert value(family, "inferwire_load_inter_token_latency_seconds_sum") == pytest.approx(
         reference.sum, rel=1e-12
     )
+
+
+def test_in_a_point_the_histograms_follow_without_a_flush_by_hand() -> None:
+    """The recorder buffers the latencies; while a point runs, :func:`kept_flushed` counts
+    them into the live histograms without anyone asking, and stops with its block."""
+
+    def e2e_count(live: LiveMetrics) -> float:
+        return value(scrape(live), "inferwire_load_e2e_request_latency_seconds_count")
+
+    async def run() -> None:
+        live = LiveMetrics()
+        recorder = Recorder(live=live)
+        recorder.completed_stream(intended_ns=0, first_token_ns=5, done_ns=9, output_tokens=1)
+        assert e2e_count(live) == 0  # buffered, the counters already counted
+        assert value(scrape(live), "inferwire_load_requests_total", outcome="ok") == 1
+        recorder.flush_live()
+        assert e2e_count(live) == 1
+        recorder.completed_stream(intended_ns=0, first_token_ns=5, done_ns=9, output_tokens=1)
+        async with live_metrics.kept_flushed(recorder.flush_live, every_s=0.01):
+            async with asyncio.timeout(60):
+                while e2e_count(live) < 2:
+                    await asyncio.sleep(0.01)
+        recorder.completed_stream(intended_ns=0, first_token_ns=5, done_ns=9, output_tokens=1)
+        await asyncio.sleep(0.05)
+        assert e2e_count(live) == 2  # the block is over: nothing flushes on its own
+        recorder.flush()
+        assert e2e_count(live) == 3
+
+    asyncio.run(run())
 
 
 # -- fed by the recorder -------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
@@ -39,15 +39,12 @@ from inferwire.transports import loops
 from inferwire.transports.common import DEFAULT_LIMITS, aiter_close
 from inferwire.workloads import token_stream_source
 
-from . import metrics
+from . import live_metrics, metrics
 from .alarm import Alarm
 from .arrivals import ARRIVALS as ARRIVALS  # the schedules moved there; re-exported
 from .arrivals import Arrival as Arrival
 from .arrivals import arrival_offsets_ns as arrival_offsets_ns
 from .metrics import Histogram, Recorder, Slo, Window
-
-if TYPE_CHECKING:
-    from .live_metrics import LiveMetrics
 
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
 DEFAULT_DURATION_S: Final = 10.0
@@ -441,7 +438,7 @@ async def run_point(
     request_for: Callable[[int], Any] | None = None,
     checks: CheckFactory | None = None,
     on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
-    live: LiveMetrics | None = None,
+    live: live_metrics.LiveMetrics | None = None,
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
@@ -497,15 +494,17 @@ async def run_point(
         if spec.start_at_unix_s is not None:
             start_ns = start_instant_ns(spec.start_at_unix_s)
         recorder.begin(start_ns)
-        try:
-            pending = await run.schedule(start_ns, offsets_ns, concurrency)
-        finally:
-            alarm.close()
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=spec.drain_timeout_s)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        # the live histograms count what the point recorded, every quarter second
+        async with live_metrics.kept_flushed(None if live is None else recorder.flush_live):
+            try:
+                pending = await run.schedule(start_ns, offsets_ns, concurrency)
+            finally:
+                alarm.close()
+            if pending:
+                _, late = await asyncio.wait(pending, timeout=spec.drain_timeout_s)
+                for task in late:
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
         unaccounted = measured - recorder.completed - sum(recorder.errors.values())
         for _ in range(unaccounted):
             recorder.failed(None, now_ns())
