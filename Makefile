@@ -63,7 +63,9 @@ benchcheck: $(STAMP)
 
 # System tools the tests drive, from Debian's packages, installed only when missing (so a second
 # run changes nothing): h2load loads the HTTP/2 server; a C++ compiler builds the FlatBuffers
-# reader that flatc generates; valgrind counts the codecs' instructions (bench_instructions.py).
+# reader that flatc generates; valgrind counts the codecs' instructions (bench_instructions.py);
+# prometheus (the server and promtool) scrapes the servers in the live alert test and checks the
+# shipped rules (observe/prometheus/).
 # Needs root (a fresh machine here, and CI, are); elsewhere the tests that need a missing tool
 # skip and say which.
 sysdeps:
@@ -71,6 +73,7 @@ sysdeps:
 	command -v h2load >/dev/null || missing="$$missing nghttp2-client"; \
 	command -v c++ >/dev/null || missing="$$missing g++"; \
 	command -v valgrind >/dev/null || missing="$$missing valgrind"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \

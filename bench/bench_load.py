@@ -12,8 +12,9 @@ rate runs ``CAPACITY_TRIALS`` trials, each from a fresh event loop, and the figu
 median trial's (by P99 lag): a neighbour's busy spell on this shared machine lands in one trial,
 and a single trial's P99 would report it as the generator's own lag. ``client_cpu_share`` in
 ``extra_info`` says how much of the core the generator used, ``client_cpu_us_per_request`` what
-a request cost it. The timed value of these benchmarks is the run's wall time, fixed by the
-schedule: read ``extra_info``.
+a request cost it. ``bench_generator_live_metrics`` pairs the same kind of point with the live
+metrics of ``--metrics-port`` off and on: what they cost a request, per stream length. The timed
+value of these benchmarks is the run's wall time, fixed by the schedule: read ``extra_info``.
 
 Under ``--benchmark-disable`` every run is cut to a fraction of a second.
 """
@@ -24,14 +25,17 @@ import contextlib
 import dataclasses
 import os
 import statistics
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
+import numpy as np
 import pytest
+from prometheus_client import generate_latest, start_http_server
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.loadgen import metrics, openloop
+from inferwire.bench.loadgen import live_metrics, metrics, openloop
 from inferwire.bench.procs import server_process
 from inferwire.transports import loops
 
@@ -104,7 +108,18 @@ _UVLOOP: Final = pytest.mark.skipif(
 
 
 def _trial(loop: str, spec: openloop.LoadSpec, rate: float, concurrency: int | None) -> Any:
-    run = openloop.run_point(NullTarget(), spec, rate_rps=rate, concurrency=concurrency)
+    return _trial_on(loop, NullTarget(), spec, rate, concurrency)
+
+
+def _trial_on(
+    loop: str,
+    target: openloop.Target,
+    spec: openloop.LoadSpec,
+    rate: float,
+    concurrency: int | None,
+    live: live_metrics.LiveMetrics | None = None,
+) -> Any:
+    run = openloop.run_point(target, spec, rate_rps=rate, concurrency=concurrency, live=live)
     return loops.run(run, loop)
 
 
@@ -233,6 +248,144 @@ def bench_generator_loops(benchmark: Any, rate: float) -> None:
         for p in ps:
             assert p["loop"] == loop
             assert p["requests_failed"] == 0, p["errors"]
+
+
+class ChunksTarget:
+    """A null target whose streams carry ``chunks`` one-token chunks, all at once: the
+    generator's per-chunk work (its checks, its gaps) with nothing else."""
+
+    def __init__(self, chunks: int) -> None:
+        usage = ic.Usage(prompt_tokens=0, completion_tokens=chunks)
+        self.chunks = [
+            dataclasses.replace(
+                _TOKEN,
+                seq=seq,
+                finish_reason="length" if seq == chunks - 1 else None,
+                usage=usage if seq == chunks - 1 else None,
+            )
+            for seq in range(chunks)
+        ]
+
+    async def generate(self, request: it.GenerateRequest, /) -> AsyncIterator[ic.TokenChunk]:
+        for chunk in self.chunks:
+            yield chunk
+
+    async def close(self) -> None:
+        pass
+
+
+LIVE_METRICS_POINTS: Final = ((1, 5_000.0), (16, 2_000.0), (256, 500.0))
+"""(chunks a stream, requests/s): the capacity target's point, and streams whose gaps the
+live histogram counts one by one (16) and with numpy (256), each at a rate one core keeps."""
+LIVE_METRICS_PAIRS: Final = 20
+LIVE_METRICS_TRIAL_S: Final = 0.5
+"""Many short pairs rather than a few long ones: the difference is a few percent, the noise of
+one trial on a shared machine as large, and a neighbour's spell falls on both of a pair."""
+
+
+def _live_trial(
+    spec: openloop.LoadSpec, rate: float, chunks: int, on: bool
+) -> tuple[dict[str, Any], float]:
+    """One point, with live metrics served (``on``: as ``--metrics-port`` serves them, the side
+    HTTP server up) or not; the point, and the requests its metrics counted."""
+    if not on:
+        return _trial_on("uvloop", ChunksTarget(chunks), spec, rate, None), 0.0
+    live = live_metrics.LiveMetrics()
+    server, thread = start_http_server(0, "127.0.0.1", registry=live.registry)
+    try:
+        point = _trial_on("uvloop", ChunksTarget(chunks), spec, rate, None, live)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    counted = sum(
+        sample.value
+        for family in live.registry.collect()
+        for sample in family.samples
+        if sample.name == "inferwire_load_requests_total"
+    )
+    return point, counted
+
+
+def _scrape_cpu_us(live: live_metrics.LiveMetrics, scrapes: int = 200) -> float:
+    """CPU time of one scrape's exposition (what each Prometheus scrape costs the generator's
+    process, in its HTTP thread), median of ``scrapes``."""
+    times = []
+    for _ in range(scrapes):
+        start = time.thread_time_ns()
+        generate_latest(live.registry)
+        times.append((time.thread_time_ns() - start) / 1000)
+    return statistics.median(times)
+
+
+@_UVLOOP
+@pytest.mark.parametrize(("chunks", "rate"), LIVE_METRICS_POINTS, ids=lambda v: f"{v:g}")
+def bench_generator_live_metrics(benchmark: Any, chunks: int, rate: float) -> None:
+    """What ``--metrics-port`` costs the generator: the same uncapped point with the live
+    metrics off and on (recorded and served, no scraper), in alternating trials on one pinned
+    core (a busy spell of the machine falls on both alike), and the paired ratio of the CPU a
+    request costs (on / off, the median over the pairs) with the paired difference in
+    microseconds. ``scrape_cpu_us``: the CPU one scrape's exposition takes (each scrape, every
+    15 s by Prometheus' default, not per request)."""
+    spec = openloop.LoadSpec(
+        duration_s=DISABLED_S if benchmark.disabled else LIVE_METRICS_TRIAL_S, seed=1
+    )
+    pairs = 1 if benchmark.disabled else LIVE_METRICS_PAIRS
+    benchmark.group = "load generator: live metrics on against off"
+    points: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    counted: list[float] = []
+    cores: list[int | None] = []
+
+    def run_pairs() -> None:
+        with _one_core() as core:
+            cores.append(core)
+            for pair in range(pairs):
+                trial_spec = dataclasses.replace(spec, seed=spec.seed + pair)
+                for mode in ("off", "on") if pair % 2 == 0 else ("on", "off"):
+                    point, requests = _live_trial(trial_spec, rate, chunks, mode == "on")
+                    points[mode].append(point)
+                    if mode == "on":
+                        counted.append(requests)
+
+    benchmark.pedantic(run_pairs, rounds=1, iterations=1)
+    ratios = [
+        _cpu_us_per_request(on) / _cpu_us_per_request(off)
+        for off, on in zip(points["off"], points["on"], strict=True)
+    ]
+    added_us = [
+        _cpu_us_per_request(on) - _cpu_us_per_request(off)
+        for off, on in zip(points["off"], points["on"], strict=True)
+    ]
+    scraped = live_metrics.LiveMetrics()  # a scrape's work: every family with values
+    for histogram in (scraped.ttft, scraped.itl, scraped.e2e, scraped.send_lag):
+        histogram.observe_all_ns(np.geomspace(1e3, 1e10, 64).astype(np.int64))
+    scraped.completed(chunks)
+    scraped.failed("ConnectError")
+    benchmark.extra_info.update(
+        target="null-live-metrics",
+        rate_rps=rate,
+        chunks_per_request=chunks,
+        concurrency=None,
+        pinned_core=cores[0],
+        pairs=pairs,
+        trial_s=spec.duration_s,
+        modes={mode: _figures(_median_trial(ps)) for mode, ps in points.items()},
+        trial_cpu_us_per_request={
+            mode: [_cpu_us_per_request(p) for p in ps] for mode, ps in points.items()
+        },
+        live_cpu_per_request_vs_off=statistics.median(ratios),
+        live_cpu_us_per_request_added=statistics.median(added_us),
+        pair_ratios=ratios,
+        scrape_cpu_us=_scrape_cpu_us(scraped),
+        load_average=metrics.machine()["load_average"],
+        # every request completed, and the live metrics counted each one
+        correct=all(p["requests_failed"] == 0 for ps in points.values() for p in ps)
+        and counted == [p["requests_completed"] for p in points["on"]],
+    )
+    for ps in points.values():
+        for p in ps:
+            assert p["requests_failed"] == 0, p["errors"]
+    assert counted == [p["requests_completed"] for p in points["on"]]
 
 
 LOAD_RATE_RPS = 20.0

@@ -298,6 +298,7 @@ def test_the_command_records_the_run_flags(tmp_path: Path) -> None:
     assert parameters["max_in_flight"] == 16
     assert parameters["loop"] == loops.resolve("auto")  # the loop that ran
     assert parameters["timer"] == "timerfd"
+    assert parameters["live_metrics"] is False
     (point,) = report["points"]
     # Lambda(1 s) = 30 (the ramp's half second) + 50 = 80 requests; 0.25-0.75 s is measured
     assert point["requests_scheduled"] == 80

@@ -238,3 +238,28 @@ def add_loop_argument(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="the event loop: auto is uvloop when installed (pip install 'inferwire[uvloop]')",
     )
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--trace`` and ``--trace-endpoint URL`` (:mod:`inferwire.transports.tracing`)."""
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help=f"export OpenTelemetry spans of {what} over OTLP/HTTP "
+        "(pip install 'inferwire[trace]')",
+    )
+    parser.add_argument(
+        "--trace-endpoint",
+        metavar="URL",
+        help="the OTLP/HTTP traces URL, for --trace (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,"
+        " else $OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces, else http://127.0.0.1:4318/v1/traces)",
+    )
+
+
+def check_trace_arguments(args: argparse.Namespace) -> None:
+    if args.trace_endpoint is not None and not args.trace:
+        raise CommandError("--trace-endpoint is for --trace, which is not given")
+    if args.trace_endpoint is not None and not args.trace_endpoint.startswith(
+        ("http://", "https://")
+    ):
+        raise CommandError(f"--trace-endpoint {args.trace_endpoint!r} is not an http(s) URL")

@@ -7,7 +7,7 @@ import ssl
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from inferwire.codecs import Codec, InferRequest, InferResponse, TokenChunk
 
@@ -15,6 +15,10 @@ from .common import BACKLOG, DEFAULT_LIMITS, Limits
 from .service import GenerateRequest, SimulatedService
 from .timing import StreamTiming
 from .tls import ClientTls, ServerTls
+
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
+    from .tracing import Tracer
 
 
 class Client(ABC):
@@ -70,7 +74,8 @@ class Client(ABC):
 
 class Server(ABC):
     """One transport's server for the simulated service. ``start`` binds (port 0: any free
-    port; ``address`` then says which), ``serve_forever`` runs until cancelled."""
+    port; ``address`` then says which), ``serve_forever`` runs until cancelled. With
+    ``metrics``, it records what it serves there (:mod:`inferwire.transports.metrics`)."""
 
     transport: ClassVar[str]
 
@@ -83,9 +88,14 @@ class Server(ABC):
         port: int = 0,
         tls: ServerTls | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        metrics: ServerMetrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.service = service
+        self.tracer = tracer
+        """Spans of each stream's stages (``--trace``, :mod:`.tracing`); None: untraced."""
         self.codec = codec
+        self.metrics = metrics
         self.host = host
         self.port = port
         self.tls = tls

@@ -21,6 +21,7 @@ EXTRAS: Final = {
     "grpc_reflection": ("grpcio-reflection", "grpc"),
     "h2": ("h2", "transports"),
     "httptools": ("httptools", "transports"),
+    "prometheus_client": ("prometheus-client", "transports"),
     "trustme": ("trustme", "transports"),
     "uvloop": ("uvloop", "uvloop"),
     "pytest": ("pytest", "bench"),
@@ -34,6 +35,8 @@ EXTRAS: Final = {
     "hypercorn": ("hypercorn", "bench"),
     "tokenizers": ("tokenizers", "tokenizer"),
     "locust": ("locust", "locust"),
+    # one import name for the four distributions of the trace extra: the SDK stands for them
+    "opentelemetry": ("opentelemetry-sdk", "trace"),
 }
 INCLUDES: Final = {
     "bench": ("transports", "uvloop"),

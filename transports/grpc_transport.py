@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from typing import Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import grpc
 import grpc.aio
@@ -59,7 +59,11 @@ from .grpc_envelope import RequestKind, ResponseKind
 from .grpc_standard import StandardServices
 from .service import GenerateRequest, TokenStream
 from .streams import ChunkReader, stream_frames, stream_messages
-from .timing import TRAILER, ServerStamps, StreamTiming, now_ns, unpack
+from .timing import TRACEPARENT, TRAILER, ServerStamps, StreamTiming, now_ns, unpack
+
+if TYPE_CHECKING:
+    from .metrics import RequestMeter
+    from .tracing import ServerTrace
 
 TRAILER_BIN: Final = TRAILER + "-bin"
 BATCH_CHUNKS: Final = 256
@@ -135,7 +139,8 @@ class GrpcServer(Server):
             "GenerateBatched": grpc.unary_stream_rpc_method_handler(self._generate_batched),
             "Session": grpc.stream_stream_rpc_method_handler(self._session),
         }
-        kserve = kserve_grpc.KServeGrpc(self.service)  # KServe v2 / Open Inference Protocol
+        # KServe v2 / Open Inference Protocol
+        kserve = kserve_grpc.KServeGrpc(self.service, metrics=self.metrics)
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, handlers), kserve.handler())
         )
@@ -189,25 +194,46 @@ class GrpcServer(Server):
             raise BadRequestError(str(exc)) from exc
 
     def _messages(
-        self, stream: TokenStream, stamps: ServerStamps | None = None
+        self,
+        stream: TokenStream,
+        stamps: ServerStamps | None = None,
+        meter: RequestMeter | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """The gRPC messages of one stream: one chunk (or delta frame) a message."""
-        return stream_messages(self.service, stream, self.codec.message_encoder(), stamps)
+        encoder = self.codec.message_encoder()
+        return stream_messages(self.service, stream, encoder, stamps, meter=meter)
 
     async def _infer(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        meter = None if self.metrics is None else self.metrics.start("unary")
         try:
-            return self._answer(data)
+            answer = self._answer(data)
         except BadRequestError as exc:
+            if meter is not None:
+                meter.finish("bad_request")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # abort raises; this line is never reached
+        except Exception:
+            if meter is not None:
+                meter.finish("error")
+            raise
+        if meter is not None:
+            meter.written(len(answer))  # what grpc sends when this returns
+            meter.finish("ok")
+        return answer
+
+    def _refused(self, received_ns: int) -> None:
+        if self.metrics is not None:
+            self.metrics.answered("unary", "bad_request", received_ns)
 
     async def _opened(
         self, data: bytes, context: grpc.aio.ServicerContext
-    ) -> tuple[TokenStream, ServerStamps | None]:
-        """The stream a generate RPC asks for, and its stamps if it asked for timing; a
-        request that cannot be served is aborted with its status."""
+    ) -> tuple[TokenStream, ServerStamps | None, int, RequestMeter | None]:
+        """The stream a generate RPC asks for, its stamps if it asked for timing, when it was
+        received, and its meter if the server records metrics; a request that cannot be
+        served is aborted with its status."""
         received_ns = now_ns()
         if ic.TokenChunk not in self.codec.types:
+            self._refused(received_ns)
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"codec {self.codec.name!r} does not carry token streams",
@@ -215,13 +241,29 @@ class GrpcServer(Server):
         try:
             stream = self._open(data)
         except BadRequestError as exc:
+            self._refused(received_ns)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # abort raises; this line is never reached
         stamps = None
         if stream.request.timing:
             stamps = ServerStamps(received_ns)
             stamps.parsed()
-        return stream, stamps
+        meter = None if self.metrics is None else self.metrics.start("stream", received_ns)
+        return stream, stamps, received_ns, meter
+
+    def _trace(
+        self,
+        context: grpc.aio.ServicerContext,
+        stream: TokenStream,
+        stamps: ServerStamps | None,
+        received_ns: int,
+    ) -> ServerTrace:
+        """A traced server's trace of a stream, parented by the call's ``traceparent``."""
+        assert self.tracer is not None
+        metadata = dict(context.invocation_metadata() or ())
+        return self.tracer.server_request(
+            metadata.get(TRACEPARENT), received_ns, stamps, stream.request.workload
+        )
 
     @staticmethod
     def _send_stamps(context: grpc.aio.ServicerContext, stamps: ServerStamps | None) -> None:
@@ -233,28 +275,62 @@ class GrpcServer(Server):
     # (its loop over the handler's, which loops over ours).
 
     async def _generate(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
-        stream, stamps = await self._opened(data, context)
-        messages = self._messages(stream, stamps)
+        stream, stamps, received_ns, meter = await self._opened(data, context)
+        if self.tracer is None:
+            messages = self._messages(stream, stamps, meter)
+        else:
+            trace = self._trace(context, stream, stamps, received_ns)
+            messages = trace.frames(self._messages(stream, trace.stamps, meter))
         write = context.write
-        async with contextlib.aclosing(messages):
-            async for message in messages:
-                await write(message)
-                if stamps is not None:
-                    stamps.written()  # grpc sent the message: the nearest to "written" it tells
+        try:
+            async with contextlib.aclosing(messages):
+                async for message in messages:
+                    await write(message)
+                    if stamps is not None:
+                        stamps.written()  # grpc sent the message: the nearest to "written"
+                    if meter is not None:
+                        meter.written(len(message))
+        except BaseException as exc:
+            if meter is not None:
+                meter.failed(exc)
+            raise
         self._send_stamps(context, stamps)
+        if meter is not None:
+            meter.finish("ok")
 
     async def _generate_batched(self, data: bytes, context: grpc.aio.ServicerContext) -> None:
-        stream, stamps = await self._opened(data, context)
+        stream, stamps, received_ns, meter = await self._opened(data, context)
         encoder = self.codec.stream_encoder()
+        trace = None
+        if self.tracer is not None:
+            trace = self._trace(context, stream, stamps, received_ns)
         pieces = stream_frames(
-            self.service, stream, encoder, stamps, max_chunks=BATCH_CHUNKS, end_in_last=True
+            self.service,
+            stream,
+            encoder,
+            stamps if trace is None else trace.stamps,
+            max_chunks=BATCH_CHUNKS,
+            end_in_last=True,
+            meter=meter,
         )
-        async with contextlib.aclosing(pieces):
-            async for piece in pieces:
-                await context.write(envelope.write_stream_bytes(piece))
-                if stamps is not None:
-                    stamps.written()
+        if trace is not None:
+            pieces = trace.frames(pieces)
+        try:
+            async with contextlib.aclosing(pieces):
+                async for piece in pieces:
+                    message = envelope.write_stream_bytes(piece)
+                    await context.write(message)
+                    if stamps is not None:
+                        stamps.written()
+                    if meter is not None:
+                        meter.written(len(message))
+        except BaseException as exc:
+            if meter is not None:
+                meter.failed(exc)
+            raise
         self._send_stamps(context, stamps)
+        if meter is not None:
+            meter.finish("ok")
 
     async def _session(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
@@ -263,11 +339,24 @@ class GrpcServer(Server):
             try:
                 request_id, kind, body = envelope.read(data, "grpc Session")
             except ProtocolError as exc:
+                self._refused(now_ns())
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            async for message in self._session_turn(request_id, kind, body):
-                yield message
+            meter = None if self.metrics is None else self.metrics.start("unary")
+            try:
+                async for message in self._session_turn(request_id, kind, body, meter):
+                    yield message
+                    if meter is not None:
+                        meter.written(len(message))
+            except BaseException as exc:
+                if meter is not None:
+                    meter.failed(exc)
+                raise
+            if meter is not None:
+                meter.finish("ok")  # a no-op after a refusal
 
-    async def _session_turn(self, request_id: int, kind: int, body: bytes) -> AsyncIterator[bytes]:
+    async def _session_turn(
+        self, request_id: int, kind: int, body: bytes, meter: RequestMeter | None = None
+    ) -> AsyncIterator[bytes]:
         """The answers to one request of a session; a refused request is answered with an
         ``error`` and the session goes on."""
         try:
@@ -278,9 +367,13 @@ class GrpcServer(Server):
                 raise BadRequestError(f"a SessionRequest carries infer or generate, not {kind}")
             stream = self._open(body)
         except BadRequestError as exc:
+            if meter is not None:
+                meter.finish("bad_request")
             yield envelope.write(request_id, ResponseKind.ERROR, str(exc).encode())
             return
-        messages = self._messages(stream)
+        if meter is not None:
+            meter.kind = "stream"
+        messages = self._messages(stream, None, meter)
         async with contextlib.aclosing(messages):
             async for message in messages:
                 yield envelope.write(request_id, ResponseKind.CHUNK, message)
@@ -388,13 +481,17 @@ class GrpcClient(Client):
     async def generate(
         self, request: GenerateRequest, *, timing: StreamTiming | None = None
     ) -> AsyncIterator[ic.TokenChunk]:
+        metadata = None
         if timing is not None:
             timing.request_start_ns = now_ns()
         message = _request_to_pb(request)
         if timing is not None:
-            message.timing = True
+            message.timing = timing.server_stamps
+            timing.request_encoded_ns = now_ns()  # grpc serializes it when it sends it
+            if timing.traceparent:
+                metadata = ((TRACEPARENT, timing.traceparent),)
         stream = self._reader(timing)
-        call = self._generate_bytes(message, timeout=self.deadline_s)
+        call = self._generate_bytes(message, timeout=self.deadline_s, metadata=metadata)
         if timing is not None:
             # grpc serializes and sends in the background: the call is started by now
             timing.request_sent_ns = now_ns()
@@ -409,7 +506,7 @@ class GrpcClient(Client):
                     for chunk in stream.feed(data):
                         yield chunk
                 stream.close()
-                if timing is not None:
+                if timing is not None and timing.server_stamps:
                     trailing = dict(await call.trailing_metadata() or ())
                     packed = trailing.get(TRAILER_BIN)
                     if not isinstance(packed, bytes):

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from .common import error_body
 from .timing import ServerStamps
+
+if TYPE_CHECKING:
+    from .metrics import RequestMeter
 
 JSON: Final = "application/json"
 
@@ -26,6 +29,9 @@ class Response:
     stamps: ServerStamps | None = None
     """For a timed stream: the sender calls ``stamps.written()`` after each frame it wrote
     and sends ``stamps`` as the ``x-inferwire-timing`` trailer."""
+    meter: RequestMeter | None = None
+    """When the server records metrics: the sender calls ``meter.written(n)`` after each write
+    and ``meter.answered(status)`` (or ``meter.failed(exc)``) at the end."""
 
 
 def error(

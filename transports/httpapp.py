@@ -12,6 +12,8 @@ GET      /health                         200, empty: vLLM's liveness route
                                          (:mod:`inferwire.transports.kserve_http`)
 GET      /schemas/ids/{id}               a schema of the registry (Confluent's paths)
 GET      /subjects/{subject}/versions    the versions of a subject
+GET      /metrics                        the server's Prometheus metrics, if it records
+                                         them (:mod:`inferwire.transports.metrics`)
 =======  ==============================  ===========================================
 
 Errors are JSON bodies in OpenAI's shape (``{"error": {"message", "type", "param",
@@ -25,7 +27,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Mapping
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import orjson
 
@@ -34,8 +36,13 @@ import inferwire.codecs as ic
 from .http_response import JSON as _JSON
 from .http_response import Response, error
 from .kserve_http import KServeHttp
+from .metrics import SCRAPE_PATH, exposition
 from .openai_api import OpenAIApi
 from .service import SimulatedService
+
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
+    from .tracing import Tracer
 
 __all__ = ["HttpApp", "Response", "error"]
 
@@ -46,7 +53,8 @@ _OPENAI_POST: Final = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 class HttpApp:
-    """Routes requests to ``service``; streams and bodies in ``codec``."""
+    """Routes requests to ``service``; streams and bodies in ``codec``. With ``metrics``, every
+    answer but a scrape's carries its request's meter (``Response.meter``)."""
 
     def __init__(
         self,
@@ -54,12 +62,15 @@ class HttpApp:
         codec: ic.Codec,
         *,
         registry: ic.SchemaRegistry | None = None,
+        metrics: ServerMetrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.service = service
         self.codec = codec
         self.registry = registry
-        self.openai = OpenAIApi(service, codec)
-        self.kserve = KServeHttp(service, codec)
+        self.metrics = metrics
+        self.openai = OpenAIApi(service, codec, metrics=metrics, tracer=tracer)
+        self.kserve = KServeHttp(service, codec, metrics=metrics)
 
     def handle(
         self,
@@ -70,12 +81,30 @@ class HttpApp:
         received_ns: int = 0,
     ) -> Response:
         """The answer to one request; ``headers`` has lower-case names. ``received_ns``: when
-        the whole request had arrived (for a timed stream's stamps)."""
+        the whole request had arrived (for a timed stream's stamps, and the metrics)."""
+        metrics = self.metrics
+        if metrics is None:
+            return self._route(method, path, headers, body, received_ns)
+        if method == "GET" and path.split("?", 1)[0] == SCRAPE_PATH:
+            text, content_type = exposition(metrics)
+            return Response(200, content_type, text)
+        try:
+            response = self._route(method, path, headers, body, received_ns)
+        except Exception:
+            metrics.answered("unary", "error", received_ns)
+            raise
+        if response.meter is None:  # the routes meter their streams, the rest is unary
+            response.meter = metrics.start("unary", received_ns)
+        return response
+
+    def _route(
+        self, method: str, path: str, headers: Mapping[str, str], body: bytes, received_ns: int
+    ) -> Response:
         path = path.split("?", 1)[0]
         if path.startswith("/v1/"):
             return self._openai(method, path, headers, body, received_ns)
         if path == "/v2" or path.startswith("/v2/"):
-            return self.kserve.handle(method, path, headers, body)
+            return self.kserve.handle(method, path, headers, body, received_ns)
         if method != "GET":
             return error(404, f"no route {path}")
         if path == "/health":  # vLLM's liveness route, which load tools (guidellm) check first

@@ -21,7 +21,7 @@ the model refuses, before the stream starts.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -30,6 +30,10 @@ import inferwire.codecs as ic
 from .errors import BadRequestError
 from .http_response import Response
 from .service import GenerateRequest, SimulatedService, TokenStream
+from .timing import now_ns
+
+if TYPE_CHECKING:
+    from .metrics import RequestMeter, ServerMetrics
 
 SSE: Final = "text/event-stream; charset=utf-8"
 JSON: Final = "application/json"
@@ -85,13 +89,22 @@ def _response_obj(
 
 
 async def _events(
-    service: SimulatedService, stream: TokenStream, model: str, version: str, rid: str | None
+    service: SimulatedService,
+    stream: TokenStream,
+    model: str,
+    version: str,
+    rid: str | None,
+    meter: RequestMeter | None = None,
 ) -> AsyncGenerator[bytes, None]:
     async for batch in service.batches(stream):
-        yield b"".join(
+        started = now_ns() if meter is not None else 0
+        events = b"".join(
             b"data: " + orjson.dumps(_response_obj(chunk, model, version, rid)) + b"\n\n"
             for chunk in batch
         )
+        if meter is not None:
+            meter.encoded(len(batch), now_ns() - started)
+        yield events
 
 
 async def _whole(
@@ -112,8 +125,11 @@ def generate(
     body: bytes,
     *,
     stream: bool,
+    metrics: ServerMetrics | None = None,
+    received_ns: int = 0,
 ) -> Response:
-    """The answer to ``generate`` (``stream`` false) or ``generate_stream``."""
+    """The answer to ``generate`` (``stream`` false) or ``generate_stream``; with ``metrics``,
+    a stream's answer carries its meter (received whole at ``received_ns``)."""
     del headers  # the extension reads JSON whatever the content type says, as Triton does
     try:
         request, request_id = _request(model, body)
@@ -121,5 +137,7 @@ def generate(
     except BadRequestError as exc:
         return kserve_error(400, str(exc))
     if stream:
-        return Response(200, SSE, stream=_events(service, opened, model, version, request_id))
+        meter = None if metrics is None else metrics.start("stream", received_ns, "orjson")
+        events = _events(service, opened, model, version, request_id, meter)
+        return Response(200, SSE, stream=events, meter=meter)
     return Response(200, JSON, stream=_whole(service, opened, model, version, request_id))

@@ -50,7 +50,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import grpc
 import grpc.aio
@@ -63,6 +63,10 @@ from inferwire.schemas.kserve import inference_pb2 as kpb
 
 from .errors import BadRequestError, NotFoundError
 from .service import GenerateRequest, SimulatedService, TokenStream
+from .timing import now_ns
+
+if TYPE_CHECKING:
+    from .metrics import RequestMeter, ServerMetrics
 
 DESCRIPTOR: Final = kpb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 SERVICE: Final = DESCRIPTOR.full_name
@@ -217,11 +221,12 @@ def _bytes_array(element: bytes) -> np.ndarray[Any, Any]:
 
 class KServeGrpc:
     """``inference.GRPCInferenceService`` on ``service``: :meth:`handler` is what a
-    ``grpc.aio`` server adds."""
+    ``grpc.aio`` server adds. With ``metrics``, each request is recorded there."""
 
-    def __init__(self, service: SimulatedService) -> None:
+    def __init__(self, service: SimulatedService, *, metrics: ServerMetrics | None = None) -> None:
         self.service = service
         self.version = _server_version()
+        self.metrics = metrics
 
     def handler(self) -> grpc.GenericRpcHandler:
         unary: dict[str, tuple[type[Any], Callable[[Any], protobuf_message.Message]]] = {
@@ -233,7 +238,7 @@ class KServeGrpc:
             "ModelInfer": (kpb.ModelInferRequest, self.model_infer),
         }
         handlers = {
-            name: grpc.unary_unary_rpc_method_handler(_unary(request_type, answer))
+            name: grpc.unary_unary_rpc_method_handler(_unary(request_type, answer, self.metrics))
             for name, (request_type, answer) in unary.items()
         }
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(self._stream_infer)
@@ -280,10 +285,11 @@ class KServeGrpc:
         return self._echo(request)
 
     async def stream_answers(
-        self, request: kpb.ModelInferRequest
+        self, request: kpb.ModelInferRequest, meter: RequestMeter | None = None
     ) -> AsyncGenerator[kpb.ModelStreamInferResponse, None]:
         """The answers to one request of a ``ModelStreamInfer`` call: a refused request is one
-        answer with ``error_message``."""
+        answer with ``error_message``. ``meter`` hears of the refusal, the stream, and the time
+        each chunk's response took to build."""
         opened: tuple[TokenStream, frozenset[str]] | kpb.ModelInferResponse
         try:
             self._check_model(request.model_name, request.model_version)
@@ -292,6 +298,8 @@ class KServeGrpc:
                 self._open(request) if self._streams(request.model_name) else self._echo(request)
             )
         except BadRequestError as exc:
+            if meter is not None:
+                meter.finish("bad_request")
             refused = self._response(request)
             yield kpb.ModelStreamInferResponse(error_message=str(exc), infer_response=refused)
             return
@@ -301,13 +309,18 @@ class KServeGrpc:
             yield kpb.ModelStreamInferResponse(infer_response=opened)
             return
         stream, outputs = opened
+        if meter is not None:
+            meter.kind = "stream"
         chunks = self.service.generate(stream)
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
+                started = now_ns() if meter is not None else 0
                 response = self._response(request)
                 write_outputs(response, (t for t in chunk_outputs(chunk) if t.name in outputs))
                 if final:
                     response.parameters[FINAL].bool_param = False
+                if meter is not None:
+                    meter.encoded(1, now_ns() - started)
                 yield kpb.ModelStreamInferResponse(infer_response=response)
         if final:
             response = self._response(request)
@@ -376,23 +389,50 @@ class KServeGrpc:
             try:
                 request = _parse(kpb.ModelInferRequest, data)
             except BadRequestError as exc:
+                if self.metrics is not None:
+                    self.metrics.answered("unary", "bad_request")
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            answers = self.stream_answers(request)
-            async with contextlib.aclosing(answers):
-                async for answer in answers:
-                    yield answer.SerializeToString()
+            meter = None if self.metrics is None else self.metrics.start("unary")
+            answers = self.stream_answers(request, meter)
+            try:
+                async with contextlib.aclosing(answers):
+                    async for answer in answers:
+                        message = answer.SerializeToString()
+                        yield message
+                        if meter is not None:
+                            meter.written(len(message))
+            except BaseException as exc:
+                if meter is not None:
+                    meter.failed(exc)
+                raise
+            if meter is not None:
+                meter.finish("ok")  # a no-op after a refusal
 
 
 def _unary(
-    request_type: type[M], answer: Callable[[M], protobuf_message.Message]
+    request_type: type[M],
+    answer: Callable[[M], protobuf_message.Message],
+    metrics: ServerMetrics | None = None,
 ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
-    """A unary handler, bytes in and out: a refused request ends the call with its status."""
+    """A unary handler, bytes in and out: a refused request ends the call with its status.
+    With ``metrics``, each call is recorded there."""
 
     async def handle(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        meter = None if metrics is None else metrics.start("unary")
         try:
-            return answer(_parse(request_type, data)).SerializeToString()
+            message = answer(_parse(request_type, data)).SerializeToString()
         except BadRequestError as exc:
+            if meter is not None:
+                meter.finish("bad_request")
             await context.abort(_status(exc), str(exc))
             raise  # abort raises; this line is never reached
+        except Exception:
+            if meter is not None:
+                meter.finish("error")
+            raise
+        if meter is not None:
+            meter.written(len(message))  # what grpc sends when this returns
+            meter.finish("ok")
+        return message
 
     return handle

@@ -47,7 +47,7 @@ import functools
 import importlib.metadata
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -58,6 +58,9 @@ from . import kserve_generate
 from .errors import BadRequestError
 from .http_response import Response
 from .service import SimulatedService
+
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
 
 SERVER_NAME: Final = "inferwire"
 MODEL_VERSION: Final = "1"
@@ -160,7 +163,8 @@ def select_outputs(
 class KServeHttp:
     """The ``/v2`` routes of ``service``; ``codec`` reads and writes the bodies of inferwire's
     own clients (see the module docstring). ``max_depth`` and ``max_elements`` hold the JSON of
-    a protocol request, as they hold a codec's input."""
+    a protocol request, as they hold a codec's input. With ``metrics``, a stream's answer carries
+    its meter."""
 
     def __init__(
         self,
@@ -169,9 +173,11 @@ class KServeHttp:
         *,
         max_depth: int = ic.DEFAULT_MAX_DEPTH,
         max_elements: int = ic.DEFAULT_MAX_ELEMENTS,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.service = service
         self.codec = codec
+        self.metrics = metrics
         self.max_depth = max_depth
         self.max_elements = max_elements
         self._codec_media = (
@@ -180,9 +186,16 @@ class KServeHttp:
             else None
         )
 
-    def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Response:
+    def handle(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        received_ns: int = 0,
+    ) -> Response:
         """The answer to one request under ``/v2``; ``path`` without its query, ``headers``
-        with lower-case names."""
+        with lower-case names, ``received_ns`` when it had arrived whole (for the metrics)."""
         if path in ("/v2/health/live", "/v2/health/ready"):
             return _method(method, "GET") or Response(200, _EMPTY)
         if path == "/v2":
@@ -205,6 +218,8 @@ class KServeHttp:
                 headers,
                 body,
                 stream=action == "/generate_stream",
+                metrics=self.metrics,
+                received_ns=received_ns,
             )
         refused = _method(method, "GET")
         if refused is not None:

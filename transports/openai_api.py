@@ -44,7 +44,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -56,7 +56,11 @@ from .errors import BadRequestError
 from .http_response import JSON, Response, accepts, error, media
 from .service import GenerateRequest, SimulatedService, TokenStream
 from .streams import stream_frames
-from .timing import ServerStamps
+from .timing import TRACEPARENT, ServerStamps
+
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
+    from .tracing import Tracer
 
 EXTENSIONS_FIELD: Final = "inferwire"
 """The request field that asks for inferwire's extensions: ``{"extensions": true}``."""
@@ -206,11 +210,21 @@ async def _after(
 
 
 class OpenAIApi:
-    """The routes of the module docstring for ``service``; ``codec`` is the server's."""
+    """The routes of the module docstring for ``service``; ``codec`` is the server's. With
+    ``metrics``, a stream's answer carries its meter."""
 
-    def __init__(self, service: SimulatedService, codec: ic.Codec) -> None:
+    def __init__(
+        self,
+        service: SimulatedService,
+        codec: ic.Codec,
+        *,
+        metrics: ServerMetrics | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
         self.service = service
         self.codec = codec
+        self.metrics = metrics
+        self.tracer = tracer
         self.created = int(time.time())
         """When the server started: the ``created`` of the models it lists."""
         json_codec = codec.media_type == JSON and ic.TokenChunk in codec.types
@@ -273,11 +287,22 @@ class OpenAIApi:
             and accepts(accept, frames.stream_media_type, wildcards=False)
         ):
             encoder = frames.stream_encoder()
-            return self._stream(stream, request, encoder, frames.stream_media_type, received_ns)
+            return self._stream(
+                stream,
+                request,
+                encoder,
+                frames.stream_media_type,
+                received_ns,
+                frames.name,
+                headers,
+            )
         if not accepts(accept, self._content_type) and not accepts(accept, JSON):
             return error(406, f"this stream is {self._content_type}, not {accept}")
         encoder = self._encoder(request, chat=chat)
-        return self._stream(stream, request, encoder, self._content_type, received_ns)
+        encoded_by = self._chunks.name if chat else "orjson"  # see _encoder
+        return self._stream(
+            stream, request, encoder, self._content_type, received_ns, encoded_by, headers
+        )
 
     def _encoder(self, request: OpenAIRequest, *, chat: bool) -> ic.StreamEncoder:
         if chat and request.extensions:
@@ -298,17 +323,26 @@ class OpenAIApi:
         encoder: ic.StreamEncoder,
         content_type: str,
         received_ns: int,
+        encoded_by: str,
+        headers: Mapping[str, str],
     ) -> Response:
         stamps = None
         if request.generate.timing:
             stamps = ServerStamps(received_ns)
             stamps.parsed()
-        return Response(
-            200,
-            content_type,
-            stream=stream_frames(self.service, stream, encoder, stamps),
-            stamps=stamps,
-        )
+        meter = None
+        if self.metrics is not None:
+            meter = self.metrics.start("stream", received_ns, encoded_by)
+        if self.tracer is None:
+            frames = stream_frames(self.service, stream, encoder, stamps, meter=meter)
+        else:
+            trace = self.tracer.server_request(
+                headers.get(TRACEPARENT), received_ns, stamps, request.generate.workload
+            )
+            frames = trace.frames(
+                stream_frames(self.service, stream, encoder, trace.stamps, meter=meter)
+            )
+        return Response(200, content_type, stream=frames, stamps=stamps, meter=meter)
 
     def _whole(self, stream: TokenStream, request: OpenAIRequest, *, chat: bool) -> Response:
         build: Callable[..., dict[str, Any]] = ob.chat_completion if chat else ob.text_completion

@@ -8,9 +8,12 @@ in this process, until SIGINT or SIGTERM.
 
 The first line on stdout says where it listens (``listening on HOST:PORT``, and with a
 generated test certificate ``ca=PATH`` of its CA), then ``loop=asyncio`` or ``loop=uvloop``
-(the event loop that runs it, ``--loop``), so a parent process that asked for port 0
-learns the port. The simulated service plays the seeded workloads of
-:mod:`inferwire.workloads`.
+(the event loop that runs it, ``--loop``), then, with ``--metrics-port``, ``metrics=HOST:PORT``
+(where its side HTTP server answers scrapes), and with ``--trace``, ``trace=URL`` (where its
+spans go, :mod:`inferwire.transports.tracing`), so a parent process that asked for port 0
+learns the ports. The simulated service plays the seeded workloads of
+:mod:`inferwire.workloads`. A server records its Prometheus metrics
+(:mod:`inferwire.transports.metrics`) unless ``--no-metrics``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import inferwire.codecs as ic
 import inferwire.transports as it
@@ -39,8 +42,10 @@ from .arguments import (
     Commands,
     Parser,
     add_loop_argument,
+    add_trace_arguments,
     authority,
     check_can_listen,
+    check_trace_arguments,
     connect_address,
     existing_file,
     listen_address,
@@ -52,7 +57,12 @@ from .arguments import (
     run,
     split_checked,
 )
+from .extras import needs_extras
 from .proxy import DelayProxy
+from .tracing import SERVER_SERVICE, Tracer
+
+if TYPE_CHECKING:
+    from .metrics import MetricsServer, ServerMetrics
 
 UPSTREAM_PROBE_TIMEOUT_S: Final = 2.0
 
@@ -107,8 +117,22 @@ def _server_tls(args: argparse.Namespace) -> tuple[it.ServerTls | None, str]:
 
 async def _serve(args: argparse.Namespace) -> None:
     server_class = it.server_class(args.transport)
+    if args.no_metrics and args.metrics_port is not None:
+        raise CommandError("--metrics-port exposes the metrics that --no-metrics turns off")
     check_can_listen(args.host, args.port)
+    if args.metrics_port:
+        if args.metrics_port == args.port:
+            raise CommandError("--metrics-port and --port must differ")
+        check_can_listen(args.host, args.metrics_port)
+    check_trace_arguments(args)
     tls, extra = _server_tls(args)
+    codec = ic.get(args.codec)
+    metrics = None if args.no_metrics else _metrics(args.transport, codec.name)
+    tracer = None
+    if args.trace:  # only then is OpenTelemetry imported
+        tracer = Tracer.open(
+            SERVER_SERVICE, args.trace_endpoint, transport=args.transport, codec=args.codec
+        )
     service = it.SimulatedService(
         token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
     )
@@ -117,25 +141,58 @@ async def _serve(args: argparse.Namespace) -> None:
         options["registry"] = default_registry()
     server = server_class(
         service,
-        ic.get(args.codec),
+        codec,
         host=args.host,
         port=args.port,
         tls=tls,
         limits=it.Limits(max_message_bytes=args.max_message_bytes),
+        metrics=metrics,
+        tracer=tracer,
         **options,
     )
     stop = _stop_on_signals()
-    host, port = await _started(server, args.host, args.port)
-    _announce(host, port, f"{extra} loop={loops.running()}")
-    serving = asyncio.ensure_future(server.serve_forever())
+    side = None
+    if metrics is not None and args.metrics_port is not None:
+        side = _metrics_server(metrics, args.host, args.metrics_port)
     try:
-        await stop.wait()
+        host, port = await _started(server, args.host, args.port)
+        extra += f" loop={loops.running()}"
+        if side is not None:
+            extra += f" metrics={authority(*side.address)}"
+        if tracer is not None:
+            extra += f" trace={tracer.endpoint}"
+        _announce(host, port, extra)
+        serving = asyncio.ensure_future(server.serve_forever())
+        try:
+            await stop.wait()
+        finally:
+            # stop first: grpc's shutdown fails if its wait_for_termination was cancelled before
+            await server.stop()
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await serving
     finally:
-        # stop first: grpc's shutdown fails if its wait_for_termination was cancelled before
-        await server.stop()
-        serving.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await serving
+        if side is not None:
+            side.stop()
+        if tracer is not None:
+            await asyncio.sleep(0)  # the spans of streams that just ended are built
+            await asyncio.to_thread(tracer.close)  # exports what is queued
+
+
+def _metrics(transport: str, codec: str) -> ServerMetrics:
+    with needs_extras("recording metrics (--no-metrics turns it off)"):
+        from .metrics import ServerMetrics
+    return ServerMetrics(transport, codec)
+
+
+def _metrics_server(metrics: ServerMetrics, host: str, port: int) -> MetricsServer:
+    """``--metrics-port``'s server, a failure to listen as a CommandError."""
+    from .metrics import MetricsServer  # imported by _metrics already
+
+    try:
+        return MetricsServer(metrics, host, port)
+    except OSError as exc:
+        raise CommandError(listen_failure(host, port, exc)) from None
 
 
 async def _started(server: it.Server | DelayProxy, host: str, port: int) -> tuple[str, int]:
@@ -197,7 +254,13 @@ SERVE_DESCRIPTION: Final = """\
 Runs one transport's server for the simulated inference service in this process, until
 SIGINT or SIGTERM. The first line on stdout is "listening on HOST:PORT" (with a generated test
 certificate, also "ca=PATH" of its CA), then "loop=asyncio" or "loop=uvloop", the event loop
-that runs it, so a parent that asked for port 0 learns the port and can record the loop.
+that runs it, then with --metrics-port "metrics=HOST:PORT", so a parent that asked for port 0
+learns the ports and can record the loop.
+
+It records Prometheus metrics of what it serves (requests by outcome, time to first token,
+inter-token and end-to-end latency, encode time, bytes, tokens, streams in flight), which
+http1 and http2 answer at GET /metrics and any transport at --metrics-port; --no-metrics
+turns them off.
 
 The service streams seeded token chunks of the workload a request names, paced by
 --prefill-ms (time to the first token) and --decode-ms (time per token); with both at 0 a
@@ -248,7 +311,20 @@ def add_commands(commands: Commands) -> None:
         default=it.DEFAULT_MAX_MESSAGE_BYTES,
         help="largest message accepted",
     )
+    srv.add_argument(
+        "--metrics-port",
+        type=port,
+        help="also answer Prometheus scrapes (GET /metrics) on this port of --host, from a side "
+        "HTTP server (0: any free port; announced as metrics=HOST:PORT); http1 and http2 "
+        "answer GET /metrics on their own port as well",
+    )
+    srv.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="record no metrics (the benchmarks' servers: a floor measures the transport alone)",
+    )
     add_loop_argument(srv)
+    add_trace_arguments(srv, "each stream's stages")
     srv.set_defaults(run=serve)
 
     prx = commands.add_parser(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING
 
 import inferwire.codecs as ic
 
@@ -21,29 +22,50 @@ from .errors import ProtocolError, StreamTruncatedError
 from .service import MAX_BATCH_CHUNKS, SimulatedService, TokenStream
 from .timing import ServerStamps, StreamTiming, now_ns
 
+if TYPE_CHECKING:
+    from .metrics import RequestMeter
+
 
 class ChunkWriter:
     """Encodes the chunks of one stream; with ``stamps``, records when each was produced and
-    when its bytes were ready (the sender calls ``stamps.written()`` after each write)."""
+    when its bytes were ready (the sender calls ``stamps.written()`` after each write); with
+    ``meter``, reports each batch's encode time (the sender calls ``meter.written(n)``)."""
 
-    __slots__ = ("_encode", "_encoder", "stamps")
+    __slots__ = ("_encode", "_encoder", "meter", "stamps")
 
-    def __init__(self, encoder: ic.StreamEncoder, stamps: ServerStamps | None = None) -> None:
+    def __init__(
+        self,
+        encoder: ic.StreamEncoder,
+        stamps: ServerStamps | None = None,
+        meter: RequestMeter | None = None,
+    ) -> None:
         self._encoder = encoder
         self._encode = encoder.encode
         self.stamps = stamps
+        self.meter = meter
 
     def write(self, batch: Sequence[ic.TokenChunk]) -> bytes:
         """The bytes of ``batch``, in order, as one piece (one write, one message)."""
         encode = self._encode
         stamps = self.stamps
+        meter = self.meter
         if stamps is None:
-            return encode(batch[0]) if len(batch) == 1 else b"".join(map(encode, batch))
+            if meter is None:
+                return encode(batch[0]) if len(batch) == 1 else b"".join(map(encode, batch))
+            started = now_ns()
+            data = encode(batch[0]) if len(batch) == 1 else b"".join(map(encode, batch))
+            meter.encoded(len(batch), now_ns() - started)
+            return data
         parts = []
+        encoding_ns = 0
         for chunk in batch:
             produced = now_ns()
             parts.append(encode(chunk))
-            stamps.encoded(produced, now_ns())
+            encoded = now_ns()
+            stamps.encoded(produced, encoded)
+            encoding_ns += encoded - produced
+        if meter is not None:
+            meter.encoded(len(batch), encoding_ns)
         return b"".join(parts)
 
     def end(self) -> bytes:
@@ -59,14 +81,15 @@ async def stream_frames(
     *,
     max_chunks: int = MAX_BATCH_CHUNKS,
     end_in_last: bool = False,
+    meter: RequestMeter | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The paced stream as the pieces a server sends: one per batch of due chunks (see
     :meth:`SimulatedService.batches`), then the end marker if the codec has one: a piece of
     its own, or with ``end_in_last`` appended to the batch that holds the stream's last chunk
     (the stream's length is known from the start, so this waits for nothing; it saves a
     message where each one costs, as on gRPC). Closing the generator ends the stream on the
-    service."""
-    writer = ChunkWriter(encoder, stamps)
+    service. With ``meter``, each batch's encode time is reported to it."""
+    writer = ChunkWriter(encoder, stamps, meter)
     remaining = len(stream.chunks)
     async with contextlib.aclosing(service.batches(stream, max_chunks=max_chunks)) as batches:
         async for batch in batches:
@@ -85,23 +108,29 @@ async def stream_messages(
     stream: TokenStream,
     encoder: ic.StreamEncoder,
     stamps: ServerStamps | None = None,
+    meter: RequestMeter | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The paced stream as one message per chunk (``encoder``: the codec's
     :meth:`~inferwire.codecs.Codec.message_encoder`), then the end message if the codec's
     message stream has one. Each chunk goes out as soon as the service hands it over; the
     service's batches only save this loop a turn of the service's generator per chunk when
-    the model outruns the wire. Closing the generator ends the stream on the service."""
+    the model outruns the wire. Closing the generator ends the stream on the service. With
+    ``meter``, each chunk's encode time is reported to it (each is a write of its own)."""
     encode = encoder.encode
     async with contextlib.aclosing(service.batches(stream)) as batches:
         async for batch in batches:
-            if stamps is None:
+            if stamps is None and meter is None:
                 for chunk in batch:
                     yield encode(chunk)
             else:
                 for chunk in batch:
                     produced = now_ns()
                     message = encode(chunk)
-                    stamps.encoded(produced, now_ns())
+                    encoded = now_ns()
+                    if stamps is not None:
+                        stamps.encoded(produced, encoded)
+                    if meter is not None:
+                        meter.encoded(1, encoded - produced)
                     yield message
     end = encoder.end()
     if end:

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import struct
 from collections.abc import AsyncIterator
-from typing import ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import orjson
 
@@ -42,7 +42,10 @@ from .errors import (
 )
 from .service import GenerateRequest, TokenStream
 from .streams import ChunkReader, stream_frames
-from .timing import ServerStamps, StreamTiming, now_ns, unpack
+from .timing import TRACEPARENT, ServerStamps, StreamTiming, asks_server, now_ns, unpack
+
+if TYPE_CHECKING:
+    from .metrics import RequestMeter
 
 _HEAD: Final = struct.Struct(">cI")
 _LEN: Final = struct.Struct(">I")
@@ -85,57 +88,103 @@ class TcpServer(Server):
                 head += await reader.readexactly(_HEAD.size - len(head))
         op, length = _HEAD.unpack(head)
         if length > self.limits.max_message_bytes:
-            await _answer_error(writer, 413, f"request of {length} bytes is over the limit")
+            meter = None if self.metrics is None else self.metrics.start("unary")
+            await _answer_error(writer, 413, f"request of {length} bytes is over the limit", meter)
             return False
         async with asyncio.timeout(self.limits.timeout_s):
             body = await reader.readexactly(length)
         received_ns = now_ns()
+        meter = None if self.metrics is None else self.metrics.start("unary", received_ns)
+        try:
+            return await self._answer(op, body, writer, received_ns, meter)
+        except BaseException as exc:
+            if meter is not None:
+                meter.failed(exc)  # a no-op if the answer was complete
+            raise
+
+    async def _answer(
+        self,
+        op: bytes,
+        body: bytes,
+        writer: asyncio.StreamWriter,
+        received_ns: int,
+        meter: RequestMeter | None,
+    ) -> bool:
+        """Answer one request; False when the connection should close."""
         if op == OP_GENERATE:
             if ic.TokenChunk not in self.codec.types:
-                await _answer_error(writer, 406, f"codec {self.codec.name!r} has no streams")
+                await _answer_error(writer, 406, f"codec {self.codec.name!r} has no streams", meter)
                 return True
             try:
-                request = GenerateRequest.from_json_obj(orjson.loads(body))
+                obj = orjson.loads(body)
+                request = GenerateRequest.from_json_obj(obj)
                 stream = self.service.open(request)  # a bad request is refused before a stream
             except (orjson.JSONDecodeError, BadRequestError) as exc:
-                await _answer_error(writer, 400, str(exc))
+                await _answer_error(writer, 400, str(exc), meter)
                 return True
             writer.write(OK)
-            await self._stream(stream, writer, received_ns)
+            if meter is not None:
+                meter.kind = "stream"  # a refusal is a unary answer, as on every transport
+                meter.written(len(OK))
+            await self._stream(stream, writer, received_ns, obj, meter)
             return True
         if op == OP_INFER:
             try:
                 response = self.service.infer(self.codec.decode(body, ic.InferRequest))
                 payload = self.codec.encode(response)
             except (ic.CodecError, BadRequestError) as exc:
-                await _answer_error(writer, 400, str(exc))
+                await _answer_error(writer, 400, str(exc), meter)
                 return True
             _write(writer, OK + _LEN.pack(len(payload)), payload)
             await writer.drain()
+            if meter is not None:
+                meter.written(len(OK) + _LEN.size + len(payload))
+                meter.finish("ok")
             return True
-        await _answer_error(writer, 400, f"unknown operation {op!r}")
+        await _answer_error(writer, 400, f"unknown operation {op!r}", meter)
         return False
 
     async def _stream(
-        self, stream: TokenStream, writer: asyncio.StreamWriter, received_ns: int
+        self,
+        stream: TokenStream,
+        writer: asyncio.StreamWriter,
+        received_ns: int,
+        obj: Any,
+        meter: RequestMeter | None = None,
     ) -> None:
         """One write per batch of due chunks; a timed stream wraps each in a length and ends
-        with a zero length and the stamps (see the module docstring)."""
+        with a zero length and the stamps (see the module docstring). ``obj``: the request's
+        JSON object, whose ``traceparent`` a traced server reads."""
         stamps = None
         if stream.request.timing:
             stamps = ServerStamps(received_ns)
             stamps.parsed()
-        frames = stream_frames(self.service, stream, self.codec.stream_encoder(), stamps)
+        encoder = self.codec.stream_encoder()
+        if self.tracer is None:
+            frames = stream_frames(self.service, stream, encoder, stamps, meter=meter)
+        else:
+            trace = self.tracer.server_request(
+                obj.get(TRACEPARENT), received_ns, stamps, stream.request.workload
+            )
+            frames = trace.frames(
+                stream_frames(self.service, stream, encoder, trace.stamps, meter=meter)
+            )
         async with contextlib.aclosing(frames):
             async for frame in frames:
                 writer.write(frame if stamps is None else _LEN.pack(len(frame)) + frame)
                 await writer.drain()
                 if stamps is not None:
                     stamps.written()
+                if meter is not None:
+                    meter.written(len(frame) if stamps is None else _LEN.size + len(frame))
         if stamps is not None:
             timing = stamps.pack()
             writer.write(_LEN.pack(0) + _LEN.pack(len(timing)) + timing)
             await writer.drain()
+            if meter is not None:
+                meter.written(2 * _LEN.size + len(timing))
+        if meter is not None:
+            meter.finish("ok")
 
 
 def infer_wire_bytes(
@@ -166,9 +215,15 @@ def _write(writer: asyncio.StreamWriter, head: bytes, body: bytes) -> None:
         writer.write(body)
 
 
-async def _answer_error(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+async def _answer_error(
+    writer: asyncio.StreamWriter, status: int, message: str, meter: RequestMeter | None = None
+) -> None:
     body = error_body(status, message)
-    writer.write(ERROR + _LEN.pack(len(body)) + body)
+    data = ERROR + _LEN.pack(len(body)) + body
+    writer.write(data)
+    if meter is not None:
+        meter.written(len(data))
+        meter.answered(status)  # the request was refused, whether or not the answer arrives
     await writer.drain()
 
 
@@ -243,16 +298,20 @@ class TcpClient(Client):
         self, request: GenerateRequest, *, timing: StreamTiming | None = None
     ) -> AsyncIterator[ic.TokenChunk]:
         limit = self.limits.max_message_bytes
+        stamped = asks_server(timing)
         if timing is not None:
             timing.request_start_ns = now_ns()
-        body = request.to_json(timing=timing is not None)
+            body = _request_body(request, timing)
+            timing.request_encoded_ns = now_ns()
+        else:
+            body = request.to_json()
         async with self._lock:
             done = False
             stream = ChunkReader.of_bytes(self.codec, limit, "tcp", timing)
             try:
                 async with asyncio.timeout(self.limits.timeout_s) as deadline:
                     reader = await self._send(OP_GENERATE, body, timing)
-                    read = _read_block if timing is not None else _read_any
+                    read = _read_block if stamped else _read_any
                     loop = asyncio.get_running_loop()
                     while not stream.finished:
                         deadline.reschedule(loop.time() + self.limits.timeout_s)
@@ -268,7 +327,7 @@ class TcpClient(Client):
                             yield chunk
                     deadline.reschedule(loop.time() + self.limits.timeout_s)
                     stream.close()
-                    if timing is not None:
+                    if timing is not None and stamped:
                         with map_exceptions("tcp stream"):
                             if await read(reader, limit) is not None:
                                 raise ProtocolError("tcp: a timed stream goes on after its end")
@@ -284,6 +343,17 @@ class TcpClient(Client):
 
     async def close(self) -> None:
         await self._drop()
+
+
+def _request_body(request: GenerateRequest, timing: StreamTiming) -> bytes:
+    """The JSON of a request the client stamps: with ``timing`` if it asks for the server's
+    stamps, with ``traceparent`` if it is traced (a field older servers ignore)."""
+    obj = request.to_json_obj()
+    if timing.server_stamps:
+        obj["timing"] = True
+    if timing.traceparent:
+        obj[TRACEPARENT] = timing.traceparent
+    return orjson.dumps(obj)
 
 
 async def _read_any(reader: asyncio.StreamReader, limit: int) -> bytes:

@@ -42,7 +42,15 @@ REQUEST_STAGES: Final = (
 )
 """The stages of :meth:`StreamTiming.request_stages_ns`, in the order a request meets them."""
 
+TRACEPARENT: Final = "traceparent"
+"""The W3C Trace Context header (and gRPC metadata key, and tcp request field)."""
+
 now_ns = time.monotonic_ns
+
+
+def asks_server(timing: StreamTiming | None) -> bool:
+    """Whether a client's request asks the server for its stamps."""
+    return timing is not None and timing.server_stamps
 
 
 @dataclass(slots=True)
@@ -59,6 +67,12 @@ class StreamTiming:
     """After the client wrote its request."""
     server_request_ns: tuple[int, int] = (0, 0)
     """When the server had the whole request, and when it had parsed it."""
+    request_encoded_ns: int = 0
+    """After the client encoded its request, before writing it."""
+    traceparent: str = ""
+    """A W3C trace context to send with the request (``--trace``, :mod:`.tracing`)."""
+    server_stamps: bool = True
+    """Ask the server for its per-chunk stamps (the trailer); False: the client's only."""
 
     def decoded(self, count: int, received_ns: int) -> None:
         """``count`` chunks, from bytes received at ``received_ns``, are decoded now."""

@@ -12,7 +12,7 @@ import inferwire.transports as it
 from inferwire import workloads
 from inferwire.transports import arguments
 
-from . import api_mode, capacity
+from . import api_mode, capacity, live_metrics
 from .openloop import ARRIVALS, DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_DURATION_S, DEFAULT_MAX_IN_FLIGHT
 from .records import RecordsError, records_format
 
@@ -27,7 +27,11 @@ meets the SLOs.
 Reports, per point of the --rate x --concurrency sweep: TTFT, TPOT, inter-token latency, E2E
 latency (P50/P90/P99/P99.9 from HDR histograms), request and token throughput, goodput under the
 SLOs given, errors by type, stream integrity, and CPU per 1,000 tokens. Definitions in full:
-python -m pydoc inferwire.bench.loadgen.load_command"""
+python -m pydoc inferwire.bench.loadgen.load_command
+
+With --metrics-port, the client's view (TTFT, ITL and E2E histograms, send lag, errors by kind,
+requests in flight, tokens) is served for Prometheus while the run goes, beside the servers'
+own metrics."""
 
 
 def rates(text: str) -> list[float]:
@@ -256,6 +260,37 @@ def add_output_arguments(load: argparse.ArgumentParser) -> None:
     )
     load.add_argument(
         "--html", type=html_path, metavar="FILE", help="write a one-page HTML report to FILE"
+    )
+
+
+def add_metrics_arguments(load: argparse.ArgumentParser) -> None:
+    live = load.add_argument_group(
+        "live metrics",
+        "serve the run's client-side metrics for Prometheus (GET /metrics) while it goes: "
+        "TTFT, ITL and E2E histograms, send lag, errors by kind, requests in flight, tokens, "
+        "counted as the report counts them (the --warmup requests and those of the "
+        "--warmup-s/--cooldown-s windows are not); names and meanings: "
+        "python -m pydoc inferwire.bench.loadgen.live_metrics",
+    )
+    live.add_argument(
+        "--metrics-port",
+        type=arguments.port,
+        metavar="PORT",
+        help="serve the metrics on this port (0: any free one), announced on stderr as "
+        "metrics=HOST:PORT before the first request (default: no metrics)",
+    )
+    live.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        help="with --metrics-port: the address to serve them on"
+        f" (default: {live_metrics.DEFAULT_HOST})",
+    )
+    live.add_argument(
+        "--metrics-hold",
+        type=arguments.non_negative,
+        metavar="S",
+        help="with --metrics-port: keep serving S seconds after the run (its outputs written), "
+        "so a scraper sees the final values; Ctrl-C ends the wait (default: 0)",
     )
 
 

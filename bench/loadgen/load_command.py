@@ -63,7 +63,10 @@ the generator keeps up and the cap is not reached)::
 Latencies are kept in HDR histograms (microseconds, 3 significant digits) and reported as
 P50/P90/P99/P99.9, mean and max in milliseconds. Output is a summary line per point on stdout
 and, with ``--out``, a JSON file with every metric, the run's parameters, library versions and
-the machine.
+the machine. With ``--metrics-port``, the same values are served live for Prometheus as the
+run goes (:mod:`inferwire.bench.loadgen.live_metrics`: TTFT, ITL, E2E, send lag, errors by
+name, requests in flight, tokens), from before the first request until the run ends, or
+``--metrics-hold`` seconds after.
 
 One event loop drives everything: uvloop when it is installed, else asyncio's (``--loop``; the
 JSON records the loop that ran, and ``--spawn`` starts the server on the same kind). Neither
@@ -75,6 +78,7 @@ scheduler wakes on a Linux timerfd armed at each intended send time
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import json
@@ -90,8 +94,9 @@ import inferwire.transports as it
 from inferwire.bench.procs import server_process
 from inferwire.transports import arguments, loops
 from inferwire.transports.arguments import CommandError
+from inferwire.transports.tracing import CLIENT_SERVICE, Tracer, default_endpoint
 
-from . import api_mode, capacity, load_arguments, load_outputs, metrics
+from . import api_mode, capacity, live_metrics, load_arguments, load_outputs, metrics
 from .metrics import Slo
 from .openloop import (
     DEFAULT_DURATION_S,
@@ -103,6 +108,7 @@ from .openloop import (
     warm_up,
 )
 from .records import RecordWriter
+from .traced import TracedTarget
 
 
 @contextlib.contextmanager
@@ -112,6 +118,8 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[str, int | None]]:
         yield args.address, args.server_pid
         return
     pacing = ["--prefill-ms", str(args.prefill_ms), "--decode-ms", str(args.decode_ms)]
+    if args.trace:  # the spawned server's spans go where the generator's go
+        pacing += ["--trace", "--trace-endpoint", args.trace_endpoint or default_endpoint()]
     with server_process.serve(args.transport, args.codec, *pacing, "--loop", args.loop) as server:
         assert server.process is not None
         yield server.address, server.process.pid
@@ -124,10 +132,18 @@ async def _sweep(
     pid: int | None,
     api: api_mode.ApiSweep | None = None,
     records: RecordWriter | None = None,
+    live: live_metrics.LiveMetrics | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The points of the sweep (or of the capacity search), and the search's section."""
+    tracer: Tracer | None = None
     if api is None:
-        target: Target = open_target(args.transport, address, args.codec)
+        client = open_target(args.transport, address, args.codec)
+        target: Target = client
+        if args.trace:
+            tracer = Tracer.open(
+                CLIENT_SERVICE, args.trace_endpoint, transport=args.transport, codec=args.codec
+            )
+            target = TracedTarget(client, tracer)
         expected = spec.expected_chunks()
         first: Any = spec.request()
     else:
@@ -161,6 +177,7 @@ async def _sweep(
                 on_record=None
                 if records is None
                 else records.sink(point=len(points), rate_rps=rate),
+                live=live,
             )
             print(summary_line(point), file=load_outputs.notes(args), flush=True)
             points.append(point)
@@ -183,6 +200,8 @@ async def _sweep(
     finally:
         gc.unfreeze()
         await target.close()
+        if tracer is not None:
+            await asyncio.to_thread(tracer.close)  # exports what is queued
     return points, found
 
 
@@ -280,6 +299,9 @@ def _load(args: argparse.Namespace) -> int:
     _check_target(args)
     if args.address and (args.prefill_ms or args.decode_ms):
         raise CommandError("--prefill-ms/--decode-ms set a --spawn'ed server")
+    arguments.check_trace_arguments(args)
+    if args.trace and (args.api is not None or args.url is not None):
+        raise CommandError("--trace traces inferwire's own transports, not --api or --url")
     if args.spawn and args.server_pid is not None:
         raise CommandError("--server-pid is for --address; a --spawn'ed server's pid is known")
     if args.server_pid is not None and not _process_exists(args.server_pid):
@@ -331,54 +353,72 @@ def _load(args: argparse.Namespace) -> int:
     sockets_transport = "grpc" if args.api == "kserve-v2-grpc" else (args.transport or "http1")
     _check_descriptors(sockets_transport, args.concurrency, spec.max_in_flight)
     loops.resolve(args.loop)  # a missing uvloop is named before anything starts
+    live_metrics.check_metrics_arguments(args)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     api: api_mode.ApiSweep | None = None
     if args.url is not None:  # checked before anything starts
         api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, args.url))
-    with _server(args) as (address, pid), load_outputs.records(args) as records:
-        if args.api is not None and args.spawn:
-            url = api_mode.spawned_url(args.transport, address, args.api)
-            api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url))
-        points, found = loops.run(_sweep(args, spec, address, pid, api, records), args.loop)
-    if args.out is not None or args.html is not None:
-        parameters = {
-            "transport": args.transport,
-            "codec": args.codec if api is None else None,
-            "address": args.address,
-            "spawned": args.spawn,
-            # a spawned server's pacing is known; another's is not, and is not invented
-            "prefill_ms": args.prefill_ms if args.spawn else None,
-            "decode_ms": args.decode_ms if args.spawn else None,
-            "rates_rps": [finite_or_text(rate) for rate in args.rate],
-            "concurrencies": args.concurrency,
-            "warmup_requests": args.warmup,
-            # what ran, not the option: the points say it too
-            "loop": points[0]["loop"] if points else loops.resolve(args.loop),
-            "timer": points[0]["timer"] if points else None,
-            "capacity_search": args.capacity,
-            **{k: v for k, v in asdict(spec).items() if k != "slo"},
-            "slo": asdict(spec.slo),
-        }
-        if api is not None:
-            parameters["workload"] = None  # the prompts say what was asked
-            parameters["endpoint"] = api.parameters()
-        report = {
-            "kind": "inferwire-load",
-            "started": started,
-            "parameters": parameters,
-            "versions": metrics.versions(),
-            "machine": metrics.machine(),
-            "points": points,
-        }
-        if found is not None:
-            report["capacity"] = found
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
-            print(f"wrote {args.out}", file=load_outputs.notes(args))
-        load_outputs.write_html(args, report)
+    # served from before the first request (the warm-up's too) to after the outputs are written
+    with live_metrics.serving(args) as live:
+        with _server(args) as (address, pid), load_outputs.records(args) as records:
+            if args.api is not None and args.spawn:
+                url = api_mode.spawned_url(args.transport, address, args.api)
+                api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url))
+            run = _sweep(args, spec, address, pid, api, records, live)
+            points, found = loops.run(run, args.loop)
+        _write_report(args, spec, api, started, points, found)
     failed = sum(p["requests_failed"] for p in points)
     return 1 if failed and all(p["requests_completed"] == 0 for p in points) else 0
+
+
+def _write_report(
+    args: argparse.Namespace,
+    spec: LoadSpec,
+    api: api_mode.ApiSweep | None,
+    started: str,
+    points: list[dict[str, Any]],
+    found: dict[str, Any] | None,
+) -> None:
+    """The JSON report (--out) and its page (--html)."""
+    if args.out is None and args.html is None:
+        return
+    parameters = {
+        "transport": args.transport,
+        "codec": args.codec if api is None else None,
+        "address": args.address,
+        "spawned": args.spawn,
+        # a spawned server's pacing is known; another's is not, and is not invented
+        "prefill_ms": args.prefill_ms if args.spawn else None,
+        "decode_ms": args.decode_ms if args.spawn else None,
+        "rates_rps": [finite_or_text(rate) for rate in args.rate],
+        "concurrencies": args.concurrency,
+        "warmup_requests": args.warmup,
+        # what ran, not the option: the points say it too
+        "loop": points[0]["loop"] if points else loops.resolve(args.loop),
+        "timer": points[0]["timer"] if points else None,
+        "capacity_search": args.capacity,
+        "live_metrics": args.metrics_port is not None,  # their small cost is in the client CPU
+        **{k: v for k, v in asdict(spec).items() if k != "slo"},
+        "slo": asdict(spec.slo),
+    }
+    if api is not None:
+        parameters["workload"] = None  # the prompts say what was asked
+        parameters["endpoint"] = api.parameters()
+    report = {
+        "kind": "inferwire-load",
+        "started": started,
+        "parameters": parameters,
+        "versions": metrics.versions(),
+        "machine": metrics.machine(),
+        "points": points,
+    }
+    if found is not None:
+        report["capacity"] = found
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
+        print(f"wrote {args.out}", file=load_outputs.notes(args))
+    load_outputs.write_html(args, report)
 
 
 def add_commands(commands: arguments.Commands) -> None:
@@ -388,6 +428,8 @@ def add_commands(commands: arguments.Commands) -> None:
         description=load_arguments.DESCRIPTION,
     )
     load_arguments.add_load_arguments(load)
+    arguments.add_trace_arguments(load, "each request's stages (with --spawn, the server's too)")
     load_arguments.add_output_arguments(load)
+    load_arguments.add_metrics_arguments(load)
     load.set_defaults(run=_load)
     load_arguments.add_report_command(commands, load_outputs.load_report)

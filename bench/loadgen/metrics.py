@@ -20,7 +20,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import psutil  # type: ignore[import-untyped, unused-ignore]
@@ -32,6 +32,9 @@ from inferwire.codecs.integrity import AlteredStreamError
 from inferwire.transports import StreamTruncatedError, TransportError
 
 from .timeline import Timeline
+
+if TYPE_CHECKING:
+    from .live_metrics import LiveHistogram, LiveMetrics
 
 HIGHEST_US: Final = 3_600_000_000
 """One hour: anything slower is clamped to it (and still counted)."""
@@ -78,6 +81,7 @@ class Histogram:
         "_spread",
         "_sum_ns",
         "_values_ns",
+        "twin",
     )
 
     def __init__(self, *, spread: bool = False) -> None:
@@ -95,6 +99,8 @@ class Histogram:
         self._counts = array("q")
         self._sum_ns = 0
         self._max_ns = 0
+        self.twin: LiveHistogram | None = None
+        """A live histogram that counts each flushed batch too (``--metrics-port``)."""
 
     def record_ns(self, value_ns: int) -> None:
         values_ns = self._values_ns
@@ -125,6 +131,8 @@ class Histogram:
         ).clip(0, None)  # none expected < 0
         if self._spread:
             values_ns = values_ns // counts
+        if self.twin is not None:  # each value once (all but record_many_ns'): the cheaper pass
+            self.twin.observe_all_ns(values_ns, counts if self._counts else None)
         self._sum_ns += int(np.dot(values_ns, counts))
         self._max_ns = max(self._max_ns, int(values_ns.max()))
         values_us = ((values_ns + 500) // 1000).clip(None, HIGHEST_US)  # nearest microsecond
@@ -301,10 +309,16 @@ class Recorder:
         *,
         on_record: RecordSink | None = None,
         window: Window | None = None,
+        live: LiveMetrics | None = None,
     ) -> None:
         self.slo = slo
         self.on_record = on_record
         """Called with each request's :class:`RequestRecord` as it ends."""
+        self.live = live
+        """The metrics served while the run goes (``--metrics-port``), fed the same values as
+        the histograms and counts here, for the same requests; ``None``: none. Its histograms
+        count what these buffer when they flush (:meth:`flush_live`), so that recording a
+        request costs nothing more."""
         self.window = window
         """The requests that count; ``None``: all of them."""
         self._window_ns = (-_NO_END_NS, _NO_END_NS)
@@ -338,6 +352,11 @@ class Recorder:
         """Every request, in the windows or not: the run over time."""
         self.waited_for_bound = 0
         """Requests that found the bound on requests in flight reached, and waited (all)."""
+        if live is not None:
+            self.ttft.twin = live.ttft
+            self.itl_per_chunk.twin = live.itl
+            self.e2e.twin = live.e2e
+            self.send_lag.twin = live.send_lag
 
     def begin(self, start_ns: int) -> None:
         """The schedule starts at ``start_ns`` (its first intended send time): the window,
@@ -383,6 +402,8 @@ class Recorder:
         )
         if not self.measures(intended_ns):
             return
+        if self.live is not None:
+            self.live.completed(output_tokens)
         if gaps_ns:
             self.itl_per_chunk.record_all_ns(list(gaps_ns))
             self.itl_per_token.record_many_ns(gaps_ns, chunk_tokens)
@@ -413,6 +434,8 @@ class Recorder:
         self.last_done_ns = max(self.last_done_ns, done_ns)
         name = UNFINISHED if exc is None else error_name(exc)
         self.errors[name] += 1
+        if self.live is not None:
+            self.live.failed(name)
         self.error_examples.setdefault(name, "" if exc is None else str(exc)[:200])
         if exc is not None:
             kind = integrity_kind(exc)
@@ -438,6 +461,11 @@ class Recorder:
 
     def flush(self) -> None:
         for histogram in self.histograms().values():
+            histogram.flush()
+
+    def flush_live(self) -> None:
+        """Count what the histograms with a live twin buffer (a cheap numpy pass each)."""
+        for histogram in (self.ttft, self.itl_per_chunk, self.e2e, self.send_lag):
             histogram.flush()
 
     def summary(self, *, start_ns: int, scheduled: int, excluded: int = 0) -> dict[str, Any]:

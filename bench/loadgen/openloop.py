@@ -39,7 +39,7 @@ from inferwire.transports import loops
 from inferwire.transports.common import DEFAULT_LIMITS, aiter_close
 from inferwire.workloads import token_stream_source
 
-from . import metrics
+from . import live_metrics, metrics
 from .alarm import Alarm
 from .arrivals import ARRIVALS as ARRIVALS  # the schedules moved there; re-exported
 from .arrivals import Arrival as Arrival
@@ -112,14 +112,16 @@ class ClientPool:
         self._idle: list[it.Client] = []
         self._clients: list[it.Client] = []
 
-    async def generate(self, request: it.GenerateRequest, /) -> AsyncIterator[ic.TokenChunk]:
+    async def generate(
+        self, request: it.GenerateRequest, /, *, timing: it.StreamTiming | None = None
+    ) -> AsyncIterator[ic.TokenChunk]:
         if self._idle:
             client = self._idle.pop()
         else:
             client = self._make()
             self._clients.append(client)
         try:
-            async for chunk in client.generate(request):
+            async for chunk in client.generate(request, timing=timing):
                 yield chunk
         finally:
             self._idle.append(client)
@@ -131,7 +133,7 @@ class ClientPool:
 
 def open_target(
     transport: str, address: str, codec: str, *, limits: it.Limits = DEFAULT_LIMITS
-) -> Target:
+) -> it.Client | ClientPool:
     """A client for ``transport``: http1 pools connections itself, http2 and grpc multiplex
     one connection, and tcp gets a :class:`ClientPool`. ``limits.timeout_s`` bounds each
     connect and each wait for the server."""
@@ -274,6 +276,9 @@ class _Run:
         sent_ns = now_ns()
         recorder.sent(intended_ns, sent_ns)
         self.in_flight += 1
+        live = recorder.live
+        if live is not None:
+            live.started()
         recorder.max_in_flight = max(recorder.max_in_flight, self.in_flight)
         stream: AsyncIterator[ic.TokenChunk] | None = None
         first_ns = previous_ns = 0
@@ -324,6 +329,8 @@ class _Run:
             raise
         finally:
             self.in_flight -= 1
+            if live is not None:
+                live.ended()
             if self.on_done is not None:
                 self.on_done()
         if recorder.on_record is None:  # nobody reads the record: only that it was made
@@ -431,6 +438,7 @@ async def run_point(
     request_for: Callable[[int], Any] | None = None,
     checks: CheckFactory | None = None,
     on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
+    live: live_metrics.LiveMetrics | None = None,
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
@@ -438,7 +446,8 @@ async def run_point(
     carry (e.g. :meth:`LoadSpec.expected_chunks`), to catch altered content too. For a target
     of another API (:mod:`.endpoints`): ``request_for`` gives the request of each index of
     the schedule (default: ``spec.request()`` for all), ``checks`` the checks of its streams
-    (default: :class:`VerifiedStream`)."""
+    (default: :class:`VerifiedStream`). ``live``: the metrics served while it runs, fed what
+    the point records (:mod:`.live_metrics`)."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
     if spec.max_in_flight is not None and spec.max_in_flight < 1:
@@ -452,7 +461,7 @@ async def run_point(
             np.count_nonzero((offsets_ns >= window.from_ns) & (offsets_ns <= window.until_ns))
         )
     bound = spec.max_in_flight if concurrency is None else None
-    recorder = Recorder(spec.slo, on_record=on_record, window=window)
+    recorder = Recorder(spec.slo, on_record=on_record, window=window, live=live)
     cpu = metrics.CpuMeter(server_pid)
     label = f"rate {rate_rps:g}/s" + (f" cap {concurrency}" if concurrency else "")
     with tqdm(
@@ -485,15 +494,17 @@ async def run_point(
         if spec.start_at_unix_s is not None:
             start_ns = start_instant_ns(spec.start_at_unix_s)
         recorder.begin(start_ns)
-        try:
-            pending = await run.schedule(start_ns, offsets_ns, concurrency)
-        finally:
-            alarm.close()
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=spec.drain_timeout_s)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        # the live histograms count what the point recorded, every quarter second
+        async with live_metrics.kept_flushed(None if live is None else recorder.flush_live):
+            try:
+                pending = await run.schedule(start_ns, offsets_ns, concurrency)
+            finally:
+                alarm.close()
+            if pending:
+                _, late = await asyncio.wait(pending, timeout=spec.drain_timeout_s)
+                for task in late:
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
         unaccounted = measured - recorder.completed - sum(recorder.errors.values())
         for _ in range(unaccounted):
             recorder.failed(None, now_ns())

@@ -9,6 +9,10 @@ The event loop of a benchmark run, its servers' and its clients' alike, is
 :func:`requested_loop`: ``$INFERWIRE_LOOP`` (``inferwire bench --loop`` sets it), ``auto``
 when unset. :func:`serve` and :func:`proxy` pass it on as ``--loop``; a started process's
 ``loop`` is what the process announced it runs, which is what results record.
+
+:func:`serve`'s servers record no metrics (``--no-metrics``) unless asked to: a benchmark's
+figures are the transport's and the codec's alone, and the cost of metrics is measured on its
+own, as a paired ratio (``bench/bench_observe.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from inferwire.transports import loops
 
 _ADDRESS: Final = re.compile(
     r"listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)(?: ca=(\S+))?(?: loop=(\w+))?"
+    r"(?: metrics=(\S+))?"
 )
 START_TIMEOUT_S: Final = 60.0
 LOOP_ENV: Final = "INFERWIRE_LOOP"
@@ -58,6 +63,8 @@ class ServerProcess:
         self.ca_pem: bytes | None = None
         self.loop = ""
         """The event loop the process announced it runs (``loop=``), "" if it did not say."""
+        self.metrics_address = ""
+        """Where its ``--metrics-port`` answers scrapes (``metrics=HOST:PORT``), "" if none."""
         self._ca_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -92,6 +99,7 @@ class ServerProcess:
         if match.group(3):
             self.ca_pem = Path(match.group(3)).read_bytes()
         self.loop = match.group(4) or ""
+        self.metrics_address = match.group(5) or ""
         return self
 
     def stop(self) -> None:
@@ -127,9 +135,12 @@ class ServerProcess:
         self.stop()
 
 
-def serve(transport: str, codec: str, *options: str) -> ServerProcess:
+def serve(transport: str, codec: str, *options: str, metrics: bool = False) -> ServerProcess:
     """A server of ``transport`` speaking ``codec`` (not started; use ``with``), on the run's
-    loop unless ``options`` name one."""
+    loop unless ``options`` name one; recording no metrics unless ``metrics`` (or ``options``
+    ask for a ``--metrics-port``)."""
+    if not metrics and "--metrics-port" not in options:
+        options = (*options, "--no-metrics")
     return ServerProcess("serve", "--transport", transport, "--codec", codec, *with_loop(options))
 
 

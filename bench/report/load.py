@@ -63,7 +63,8 @@ def section(raw_dir: Path) -> str:
     runs = [i for i in recorded if i.get("op") == "load"]
     capacity = [i for i in recorded if i.get("target") == "null"]
     by_loop = [i for i in recorded if i.get("target") == "null-loops"]
-    if not runs and not capacity and not by_loop:
+    by_live = [i for i in recorded if i.get("target") == "null-live-metrics"]
+    if not runs and not capacity and not by_loop and not by_live:
         return ""
     parts = ["## Load (open loop)", ""]
     if runs:
@@ -159,8 +160,57 @@ def section(raw_dir: Path) -> str:
             "",
         ]
     parts += _loops(by_loop)
+    parts += _live_metrics(by_live)
     parts += _agreement(raw_dir)
     return "\n".join(parts)
+
+
+def _live_metrics(by_live: list[dict[str, Any]]) -> list[str]:
+    """What ``--metrics-port`` costs the generator (bench_generator_live_metrics), when the run
+    has it."""
+    if not by_live:
+        return []
+    rows = [
+        [
+            str(info["chunks_per_request"]),
+            f"{info['rate_rps']:,.0f}",
+            f"{info['modes']['off']['client_cpu_us_per_request']:.1f}",
+            f"{info['modes']['on']['client_cpu_us_per_request']:.1f}",
+            f"{info['live_cpu_us_per_request_added']:+.1f}",
+            spread.cell(
+                info,
+                "live_cpu_per_request_vs_off",
+                info["live_cpu_per_request_vs_off"],
+                lambda v: f"{v:.3f}x",
+            ),
+            f"{info['modes']['on']['send_lag_ms']['p99_ms']:.2f} ms",
+            f"{info['scrape_cpu_us']:.0f}",
+        ]
+        for info in by_live
+    ]
+    return [
+        "What the live metrics cost the generator (`inferwire load --metrics-port`): the same "
+        f"uncapped points on uvloop with them off and on, {by_live[0]['pairs']} alternating "
+        "pair(s) of trials on one pinned core, against no-op streams of the chunks given; "
+        "the CPU per request of each mode's median trial, and the paired difference and ratio "
+        "(on / off, the median over the pairs). A scrape's exposition costs its own CPU once "
+        "per scrape, not per request (every 15 s by Prometheus' default).",
+        "",
+        _table(
+            [
+                "chunks a request",
+                "req/s",
+                "CPU us/request off",
+                "on",
+                "added (paired)",
+                "on / off (paired)",
+                "lag P99 on",
+                "CPU us a scrape",
+            ],
+            rows,
+        ),
+        "",
+    ]
 
 
 def _agreement(raw_dir: Path) -> list[str]:

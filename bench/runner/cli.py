@@ -25,6 +25,8 @@ from inferwire.bench.procs.server_process import LOOP_ENV
 from inferwire.bench.report import results
 from inferwire.bench.report.instructions import INSTRUCTIONS_RAW
 from inferwire.bench.runner import merge
+from inferwire.bench.traces import command as trace_command
+from inferwire.bench.watch import command as watch_command
 from inferwire.transports import extras, loops, serve
 from inferwire.transports.arguments import (
     CommandError,
@@ -359,6 +361,7 @@ def build_parser() -> Parser:
     rep.set_defaults(run=_report)
 
     serve.add_commands(commands)
+    watch_command.add_commands(commands)
     try:
         with extras.needs_extras("the load generator"):
             from inferwire.bench.loadgen import load_command
@@ -366,6 +369,7 @@ def build_parser() -> Parser:
         _unavailable(commands, "load", "open-loop load against one server", missing)
     else:
         load_command.add_commands(commands)
+    trace_command.add_commands(commands)
     return parser
 
 

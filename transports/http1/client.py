@@ -20,7 +20,7 @@ from ..errors import MessageTooLargeError, ProtocolError, RemoteError, StreamTru
 from ..openai_api import chat_request_body
 from ..service import GenerateRequest
 from ..streams import ChunkReader
-from ..timing import TRAILER, StreamTiming, now_ns, unpack_text
+from ..timing import TRACEPARENT, TRAILER, StreamTiming, asks_server, now_ns, unpack_text
 from .server import READ_BYTES
 
 _ERRORS: Final[ErrorMap] = {httptools.HttpParserError: ProtocolError}
@@ -154,6 +154,8 @@ class Http1Client(Client):
         conn = await self._acquire()
         try:
             close = "connection: close\r\n" if self.new_connection_per_request else ""
+            if timing is not None and timing.traceparent:
+                close += f"{TRACEPARENT}: {timing.traceparent}\r\n"
             conn.writer.write(
                 (
                     f"POST {path} HTTP/1.1\r\n{self._host_header}content-type: {content_type}\r\n"
@@ -217,7 +219,9 @@ class Http1Client(Client):
     ) -> AsyncIterator[ic.TokenChunk]:
         if timing is not None:
             timing.request_start_ns = now_ns()
-        body = chat_request_body(request, timing=timing is not None)
+        body = chat_request_body(request, timing=asks_server(timing))
+        if timing is not None:
+            timing.request_encoded_ns = now_ns()
         conn, status = await self._send(
             "/v1/chat/completions", "application/json", self.codec.stream_media_type, body, timing
         )
@@ -239,7 +243,7 @@ class Http1Client(Client):
                 pending = conn.response.body
             if not stream.finished:
                 raise stream.truncated("the body ended without the stream's end")
-            if timing is not None:
+            if timing is not None and timing.server_stamps:
                 trailer = conn.response.trailers.get(TRAILER)
                 if trailer is None:
                     raise ProtocolError("http1: the timed stream has no timing trailer")

@@ -190,7 +190,9 @@ class Http1Server(Server):
         self, *args: object, registry: ic.SchemaRegistry | None = None, **kwargs: object
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.app = HttpApp(self.service, self.codec, registry=registry)
+        self.app = HttpApp(
+            self.service, self.codec, registry=registry, metrics=self.metrics, tracer=self.tracer
+        )
 
     async def start(self) -> tuple[str, int]:
         return await self._serve_streams(self._handle, READ_BYTES)
@@ -215,6 +217,8 @@ class Http1Server(Server):
                 if not requests.done:
                     assert requests.refused is not None
                     refusal = error(requests.refused, requests.refusal)
+                    if self.metrics is not None:
+                        refusal.meter = self.metrics.start("unary")
                     await self._write_last(reader, writer, refusal)
                     return
                 request = requests.done.pop(0)
@@ -266,34 +270,57 @@ class Http1Server(Server):
 
     async def _write(self, writer: asyncio.StreamWriter, response: Response, keep: bool) -> bool:
         """Send ``response``; False when the connection must close after it."""
+        meter = response.meter
+        if meter is None:
+            return await self._send(writer, response, keep)
+        try:
+            keep = await self._send(writer, response, keep)
+        except BaseException as exc:
+            meter.failed(exc)
+            raise
+        meter.answered(response.status)
+        return keep
+
+    async def _send(self, writer: asyncio.StreamWriter, response: Response, keep: bool) -> bool:
+        """:meth:`_write`, with the meter's writes and without its end."""
+        meter = response.meter
         connection = "" if keep else "connection: close\r\n"
         connection += "".join(f"{name}: {value}\r\n" for name, value in response.headers)
         if response.stream is None:
-            writer.write(
-                _head(
-                    response.status,
-                    response.content_type,
-                    f"content-length: {len(response.body)}\r\n{connection}",
-                )
+            head = _head(
+                response.status,
+                response.content_type,
+                f"content-length: {len(response.body)}\r\n{connection}",
             )
+            writer.write(head)
             writer.write(response.body)
             await writer.drain()
+            if meter is not None:
+                meter.written(len(head) + len(response.body))
             return keep
         extra = f"transfer-encoding: chunked\r\ncache-control: no-cache\r\n{connection}"
         stamps = response.stamps
         if stamps is not None:
             extra += f"trailer: {TRAILER}\r\n"
-        writer.write(_head(response.status, response.content_type, extra))
+        head = _head(response.status, response.content_type, extra)
+        writer.write(head)
+        if meter is not None:
+            meter.written(len(head))
         async with contextlib.aclosing(response.stream) as frames:
             async for frame in frames:
                 if frame:  # an empty chunk would end the body
-                    writer.write(b"%x\r\n%b\r\n" % (len(frame), frame))
+                    chunk = b"%x\r\n%b\r\n" % (len(frame), frame)
+                    writer.write(chunk)
                     await writer.drain()
+                    if meter is not None:
+                        meter.written(len(chunk))
                 if stamps is not None:
                     stamps.written()
+        last = b"0\r\n\r\n"
         if stamps is not None:
-            writer.write(f"0\r\n{TRAILER}: {stamps.pack_text()}\r\n\r\n".encode("ascii"))
-        else:
-            writer.write(b"0\r\n\r\n")
+            last = f"0\r\n{TRAILER}: {stamps.pack_text()}\r\n\r\n".encode("ascii")
+        writer.write(last)
         await writer.drain()
+        if meter is not None:
+            meter.written(len(last))
         return keep

@@ -38,7 +38,7 @@ from ..errors import (
 from ..openai_api import chat_request_body
 from ..service import GenerateRequest
 from ..streams import ChunkReader
-from ..timing import TRAILER, StreamTiming, now_ns, unpack_text
+from ..timing import TRACEPARENT, TRAILER, StreamTiming, asks_server, now_ns, unpack_text
 from .fields import InboundFields
 from .flow import WINDOW_BYTES, FlowControl, Writer, h2_connection
 
@@ -275,7 +275,7 @@ class Http2Client(Client):
             return protocol
 
     async def _open(
-        self, path: str, content_type: str, accept: str, body: bytes
+        self, path: str, content_type: str, accept: str, body: bytes, traceparent: str = ""
     ) -> tuple[ClientProtocol, int, _ClientStream]:
         if len(body) > self.limits.max_message_bytes:
             raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
@@ -302,6 +302,8 @@ class Http2Client(Client):
             (b"accept", accept.encode()),
             (b"content-length", str(len(body)).encode()),
         ]
+        if traceparent:
+            headers.append((TRACEPARENT.encode(), traceparent.encode()))
         writer = protocol.writer
         assert writer is not None
         with map_exceptions("http2", _SEND_ERRORS):
@@ -373,8 +375,11 @@ class Http2Client(Client):
     ) -> tuple[ClientProtocol, int, _ClientStream, int]:
         """Open a stream and read its response headers; a stream the server's GOAWAY says it
         never processed is sent once more, on a new connection (RFC 9113 6.8)."""
+        traceparent = timing.traceparent if timing is not None else ""
         for attempt in (1, 2):
-            protocol, stream_id, stream = await self._open(path, content_type, accept, body)
+            protocol, stream_id, stream = await self._open(
+                path, content_type, accept, body, traceparent
+            )
             if timing is not None:
                 timing.request_sent_ns = now_ns()
             try:
@@ -408,7 +413,9 @@ class Http2Client(Client):
     ) -> AsyncIterator[ic.TokenChunk]:
         if timing is not None:
             timing.request_start_ns = now_ns()
-        body = chat_request_body(request, timing=timing is not None)
+        body = chat_request_body(request, timing=asks_server(timing))
+        if timing is not None:
+            timing.request_encoded_ns = now_ns()
         protocol, stream_id, stream, status = await self._start(
             "/v1/chat/completions", "application/json", self.codec.stream_media_type, body, timing
         )
@@ -434,7 +441,7 @@ class Http2Client(Client):
                     raise stream.failure
                 await self._wait(stream)
             reader.close()
-            if timing is not None:
+            if timing is not None and timing.server_stamps:
                 trailer = stream.trailers.get(TRAILER)
                 if trailer is None:
                     raise ProtocolError("http2: the timed stream has no timing trailer")

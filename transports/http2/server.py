@@ -48,6 +48,7 @@ from ..base import Server
 from ..common import BACKLOG
 from ..errors import PeerLimitError, PeerNotReadingError, TransportTimeoutError
 from ..httpapp import HttpApp, Response, error
+from ..metrics import outcome_of
 from ..timing import TRAILER, now_ns
 from .fields import InboundFields
 from .flow import WINDOW_BYTES, FlowControl, Writer, h2_connection
@@ -333,7 +334,7 @@ class ServerProtocol(asyncio.Protocol):
                 f"{self.resets} streams reset by the peer (Rapid Reset, CVE-2023-44487)",
             )
 
-    def _spawn(self, stream_id: int, coro: Any) -> None:
+    def _spawn(self, stream_id: int, coro: Any) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self.handlers.add(task)
         # for a task cancelled before it started (its work never runs, so never says it is done)
@@ -344,6 +345,7 @@ class ServerProtocol(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is not None:
             stream.task = task
+        return task
 
     def _dispatch(self, stream_id: int) -> None:
         stream = self.streams[stream_id]
@@ -366,8 +368,14 @@ class ServerProtocol(asyncio.Protocol):
             self.conn.send_headers(stream_id, _fields(response, len(body)), end_stream=not body)
             if body:
                 self.conn.send_data(stream_id, body, end_stream=True)
+            if response.meter is not None:
+                response.meter.written(len(body))
+                response.meter.answered(response.status)
             return  # data_received flushes: HEADERS and DATA leave in one write
-        self._spawn(stream_id, self._respond(stream_id, response))
+        task = self._spawn(stream_id, self._respond(stream_id, response))
+        meter = response.meter
+        if meter is not None:  # a task cancelled before it ran (a reset) never ends its meter
+            task.add_done_callback(lambda _: meter.finish("cancelled"))
 
     def _handler_done(self) -> None:
         """The running handler's work has returned: it leaves the count now, not when its
@@ -380,8 +388,11 @@ class ServerProtocol(asyncio.Protocol):
 
     async def _answer_refused(self, stream_id: int) -> None:
         try:
+            refusal = error(413, "body too large")
+            if self.server.metrics is not None:
+                refusal.meter = self.server.metrics.start("unary")
             with contextlib.suppress(h2.exceptions.H2Error, OSError, TransportTimeoutError):
-                await self._send(stream_id, error(413, "body too large"))
+                await self._send(stream_id, refusal)
                 # a complete response before the request ended: RST_STREAM(NO_ERROR), 8.1
                 self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
                 self.flush()
@@ -420,13 +431,30 @@ class ServerProtocol(asyncio.Protocol):
                 self.flush()
 
     async def _send(self, stream_id: int, response: Response) -> None:
+        meter = response.meter
+        if meter is None:
+            return await self._write(stream_id, response)
+        try:
+            await self._write(stream_id, response)
+        except BaseException as exc:
+            # h2's errors here: the stream was reset, or the connection lost
+            meter.finish("cancelled" if isinstance(exc, h2.exceptions.H2Error) else outcome_of(exc))
+            raise
+        meter.answered(response.status)
+
+    async def _write(self, stream_id: int, response: Response) -> None:
+        """:meth:`_send`, with the meter's writes (of DATA: h2 writes the frames) and without
+        its end."""
         assert self.writer is not None
+        meter = response.meter
         if response.stream is None:
             headers = _fields(response, len(response.body))
             self.conn.send_headers(stream_id, headers, end_stream=not response.body)
             self.flush()
             if response.body:
                 await self.flow.send(self.conn, self.flush, self.writer, stream_id, response.body)
+                if meter is not None:
+                    meter.written(len(response.body))
                 # END_STREAM on its own, after the wait on a full socket buffer, not before it:
                 # a handler does not outlive its stream waiting for the peer to read
                 self.conn.end_stream(stream_id)
@@ -441,6 +469,8 @@ class ServerProtocol(asyncio.Protocol):
                     raise ConnectionResetError("connection lost")
                 if frame:
                     await self.flow.send(self.conn, self.flush, self.writer, stream_id, frame)
+                    if meter is not None:
+                        meter.written(len(frame))
                 if stamps is not None:
                     stamps.written()
         if stamps is not None:
@@ -470,7 +500,9 @@ class Http2Server(Server):
         self, *args: object, registry: ic.SchemaRegistry | None = None, **kwargs: object
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.app = HttpApp(self.service, self.codec, registry=registry)
+        self.app = HttpApp(
+            self.service, self.codec, registry=registry, metrics=self.metrics, tracer=self.tracer
+        )
         self.protocols: set[ServerProtocol] = set()
         self.handlers_peak = 0
         """Most stream handlers one connection ran at once (at most MAX_HANDLERS)."""
