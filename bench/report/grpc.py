@@ -78,7 +78,9 @@ def target_rows(raw_dir: Path) -> list[list[str]]:
     ]
     rows += [
         _row(
-            f"`grpc` batched vs per message ({info['codec']}), paced",
+            # the stage in the name too: the reproducibility table finds a target's figure in
+            # each repeat by its name, and two rows of one name read the same figure
+            f"`grpc` batched vs per message ({info['codec']}), paced, {what}",
             f"{what}, paired",
             info,
             path,
