@@ -276,7 +276,12 @@ class Http1Server(Server):
         try:
             keep = await self._send(writer, response, keep)
         except BaseException as exc:
-            meter.failed(exc)
+            if writer.transport.is_closing():
+                # the peer went away: uvloop's transport then refuses the next write with a
+                # RuntimeError (asyncio's, with a ConnectionResetError from drain)
+                meter.finish("cancelled")
+            else:
+                meter.failed(exc)
             raise
         meter.answered(response.status)
         return keep
