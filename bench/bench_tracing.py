@@ -171,7 +171,11 @@ class _Env:
                 options += ["--decode-ms", "1"]
             if kind == "traced":
                 options += ["--trace", "--trace-endpoint", self.collector.endpoint]
-            process = server_process.serve(transport, "orjson", *options)
+            # the tree without hooks predates the metrics too (they were written beside the
+            # tracing hooks), so it takes no --no-metrics: off against absent, both hooks
+            process = server_process.serve(
+                transport, "orjson", *options, metrics=kind == "unhooked"
+            )
             if kind == "unhooked":
                 assert isinstance(self.unhooked, Path)
                 with _pythonpath(self.unhooked):
