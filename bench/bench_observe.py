@@ -240,6 +240,25 @@ def _pids(env: _Observed, transport: str) -> tuple[int, int]:
     return on.pid, off.pid
 
 
+def _on_vs_off(
+    benchmark: Any,
+    observed: _Observed,
+    transport: str,
+    on: Callable[[], Any],
+    off: Callable[[], Any],
+) -> tuple[float, float, float, int, int]:
+    """Metrics on against off, paired: the wall ratio, the server CPU ratio and the server CPU
+    added per round (ns), and how many pairs of each were taken (one each when untimed)."""
+    pairs = 1 if benchmark.disabled else PAIRS
+    sample_s = 0.0 if benchmark.disabled else MIN_SAMPLE_S
+    wall = paired_ratio(on, off, pairs, min_sample_s=sample_s)
+    on_pid, off_pid = _pids(observed, transport)
+    cpu_pairs = 1 if benchmark.disabled else CPU_PAIRS
+    cpu_sample_s = 0.0 if benchmark.disabled else MIN_CPU_SAMPLE_S
+    cpu, cpu_ns = _server_cpu(on, on_pid, off, off_pid, cpu_pairs, cpu_sample_s)
+    return wall, cpu, cpu_ns, pairs, cpu_pairs
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def bench_metrics_stream(benchmark: Any, observed: _Observed, transport: str) -> None:
     """One whole ``stream-256`` response, request to end marker, from the metrics-on server."""
@@ -258,13 +277,7 @@ def bench_metrics_stream(benchmark: Any, observed: _Observed, transport: str) ->
     benchmark.group = "observe metrics stream"
     chunks = benchmark(on)
     correct &= chunks == expected
-    pairs = 1 if benchmark.disabled else PAIRS
-    sample_s = 0.0 if benchmark.disabled else MIN_SAMPLE_S
-    wall = paired_ratio(on, off, pairs, min_sample_s=sample_s)
-    on_pid, off_pid = _pids(observed, transport)
-    cpu_pairs = 1 if benchmark.disabled else CPU_PAIRS
-    cpu_sample_s = 0.0 if benchmark.disabled else MIN_CPU_SAMPLE_S
-    cpu, cpu_ns = _server_cpu(on, on_pid, off, off_pid, cpu_pairs, cpu_sample_s)
+    wall, cpu, cpu_ns, pairs, cpu_pairs = _on_vs_off(benchmark, observed, transport, on, off)
     benchmark.extra_info.update(
         transport=transport,
         codec=CODEC,
@@ -303,13 +316,7 @@ def bench_metrics_unary(benchmark: Any, observed: _Observed, transport: str) -> 
     benchmark.group = "observe metrics unary"
     responses = benchmark(on)
     correct &= responses == [expected] * calls
-    pairs = 1 if benchmark.disabled else PAIRS
-    sample_s = 0.0 if benchmark.disabled else MIN_SAMPLE_S
-    wall = paired_ratio(on, off, pairs, min_sample_s=sample_s)
-    on_pid, off_pid = _pids(observed, transport)
-    cpu_pairs = 1 if benchmark.disabled else CPU_PAIRS
-    cpu_sample_s = 0.0 if benchmark.disabled else MIN_CPU_SAMPLE_S
-    cpu, cpu_ns = _server_cpu(on, on_pid, off, off_pid, cpu_pairs, cpu_sample_s)
+    wall, cpu, cpu_ns, pairs, cpu_pairs = _on_vs_off(benchmark, observed, transport, on, off)
     benchmark.extra_info.update(
         transport=transport,
         codec=CODEC,
