@@ -25,8 +25,8 @@ from typing import Any, Final
 
 import orjson
 
-from inferwire.codecs import InferRequest, InferResponse, Tensor, TokenChunk, Usage
-from inferwire.workloads import MODEL
+from inferwire.codecs import InferRequest, InferResponse, Tensor, TokenChunk
+from inferwire.workloads import MODEL, cut_stream
 
 from .errors import BadRequestError
 
@@ -163,7 +163,7 @@ class SimulatedService:
         if not chunks or not all(isinstance(c, TokenChunk) for c in chunks[:1]):
             raise BadRequestError(f"workload {request.workload!r} is not a token stream")
         if request.max_tokens is not None:
-            chunks = _cut(chunks, request.max_tokens)
+            chunks = cut_stream(chunks, request.max_tokens)
         if request.model and request.model != chunks[0].model:
             chunks = [replace(c, model=request.model) for c in chunks]
         return chunks
@@ -220,27 +220,3 @@ class SimulatedService:
             for i, t in enumerate(request.inputs)
         )
         return InferResponse(model=request.model, id=request.id, outputs=outputs)
-
-
-def _cut(chunks: Sequence[TokenChunk], max_tokens: int) -> list[TokenChunk]:
-    """The chunks up to the one that reaches ``max_tokens`` (kept whole). The last one kept
-    becomes the stream's end marker, as the original's last chunk was: ``finish_reason``
-    "length" and ``usage`` counting the tokens kept, so a cut stream still proves itself whole
-    (see :mod:`inferwire.codecs.integrity`)."""
-    out: list[TokenChunk] = []
-    tokens = 0
-    for chunk in chunks:
-        if tokens >= max_tokens:
-            break
-        out.append(chunk)
-        tokens += len(chunk.token_ids)
-    if len(out) < len(chunks):
-        prompt_tokens = next(
-            (c.usage.prompt_tokens for c in reversed(chunks) if c.usage is not None), 0
-        )
-        out[-1] = replace(
-            out[-1],
-            finish_reason="length",
-            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=tokens),
-        )
-    return out

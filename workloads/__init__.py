@@ -4,7 +4,8 @@ table uses.
 ``names()`` lists them and ``get(name).messages()`` builds one: a token stream is its list of
 chunks; an embedding or tensor workload is a one-message list. The same name and seed give the
 same values on every machine (numpy's PCG64 and the standard library only).
-:func:`token_stream_source` is what the simulated service of :mod:`inferwire.transports` plays,
+:func:`token_stream_source` is what the simulated service of :mod:`inferwire.transports` plays
+(and the engine of :mod:`inferwire.engine`), :func:`cut_stream` a stream cut to ``max_tokens``,
 and :mod:`inferwire.workloads.hostile` makes the bad inputs a peer should never send.
 
 Token streams follow Llama 3: a 128,256-token vocabulary with Zipf-distributed ids (exponent
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 import numpy as np
@@ -289,3 +290,27 @@ def token_stream_source(name: str, seed: int) -> Sequence[TokenChunk]:
     except (KeyError, ValueError) as exc:
         raise KeyError(name) from exc
     return [m for m in workload.messages(seed) if isinstance(m, TokenChunk)]
+
+
+def cut_stream(chunks: Sequence[TokenChunk], max_tokens: int) -> list[TokenChunk]:
+    """The chunks up to the one that reaches ``max_tokens`` (kept whole). The last one kept
+    becomes the stream's end marker, as the original's last chunk was: ``finish_reason``
+    "length" and ``usage`` counting the tokens kept, so a cut stream still proves itself whole
+    (see :mod:`inferwire.codecs.integrity`)."""
+    out: list[TokenChunk] = []
+    tokens = 0
+    for chunk in chunks:
+        if tokens >= max_tokens:
+            break
+        out.append(chunk)
+        tokens += len(chunk.token_ids)
+    if len(out) < len(chunks):
+        prompt_tokens = next(
+            (c.usage.prompt_tokens for c in reversed(chunks) if c.usage is not None), 0
+        )
+        out[-1] = replace(
+            out[-1],
+            finish_reason="length",
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=tokens),
+        )
+    return out
