@@ -4,7 +4,8 @@ this run measured and a verdict (holds, does not hold, or holds only when ...).
 The figures come from two industry articles on inference latency (2024 data, no methods
 given); users read such figures and ask whether they hold for their own stack. Every measured
 figure here is computed from the run's raw JSON; a claim whose measurement is missing from the
-run says so, and a claim the simulated service cannot test says why.
+run says so, and a claim the simulated service cannot test says why. C8, C13 and the split of
+C4, C9, C10 through a frontend and an engine come from the engine suite (:mod:`.engine`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from . import spread, stages
+from . import engine, spread, stages
 from .results import CONNECTIONS_RAW, STAGES_RAW, Result, records
 from .tables import table
 
@@ -276,6 +277,31 @@ def _c4_c9_c10(raw_dir: Path) -> dict[str, list[str]]:
     return {"C4": c4, "C9": c9, "C10": c10}
 
 
+def _with_engine_split(
+    per_token: dict[str, list[str]], through_engine: dict[str, list[str]] | None
+) -> dict[str, list[str]]:
+    """C4, C9, C10 through the engine (with its scheduling and queueing stage and the hop)
+    first, then the per-token split without an engine where the run has it: each verdict says
+    under which conditions it holds."""
+    if through_engine is None:
+        return per_token
+    out = {}
+    for claim, (conditions, measured, verdict) in through_engine.items():
+        old = per_token[claim]
+        if old == NOT_IN_RUN:
+            out[claim] = [conditions, measured, f"through the engine: {verdict}"]
+            continue
+        out[claim] = [
+            f"{conditions}. Without an engine: {old[0]}",
+            f"through the engine: {measured}. Without an engine: {old[1]}",
+            f"through the engine: {verdict}; per streamed token without an engine: {old[2]}",
+        ]
+    return out
+
+
+NOT_IN_RUN: Final = ["not in this run", "-", "-"]
+
+
 def _c5_c6(raw_dir: Path) -> dict[str, list[str]]:
     results = records(raw_dir / CONNECTIONS_RAW)
     out = {"C5": ["not in this run", "-", "-"], "C6": ["not in this run", "-", "-"]}
@@ -380,24 +406,16 @@ def rows(codec_results: list[Result], raw_dir: Path) -> list[list[str]]:
         "C3": _c3(by_key),
         "C7": _c7(raw_dir),
         "C11": _c11(by_key),
-        **_c4_c9_c10(raw_dir),
+        **_with_engine_split(_c4_c9_c10(raw_dir), engine.split_rows(raw_dir)),
         **_c5_c6(raw_dir),
-        "C8": [
-            "-",
-            "not measured",
-            "not testable here: the simulated service has no batching model (continuous or static)",
-        ],
+        "C8": engine.c8_row(raw_dir),
         "C12": [
             "the load generator's method",
             "`inferwire load` draws Poisson (or gamma) arrivals and reports P50/P90/P99/P99.9 "
             "from HDR histograms, latency counted from each request's intended send time",
             "adopted as the method (an alerting threshold is a policy, not a measurement)",
         ],
-        "C13": [
-            "-",
-            "not measured",
-            "not testable here: the simulated service has no batching model",
-        ],
+        "C13": engine.c13_row(raw_dir),
     }
     return [[claim.id, claim.published, *found[claim.id]] for claim in CLAIMS]
 

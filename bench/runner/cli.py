@@ -23,6 +23,7 @@ import inferwire.transports as it
 from inferwire import workloads
 from inferwire.bench.procs.server_process import LOOP_ENV
 from inferwire.bench.report import results
+from inferwire.bench.report.engine import ENGINE_RAW
 from inferwire.bench.report.instructions import INSTRUCTIONS_RAW
 from inferwire.bench.runner import merge
 from inferwire.bench.traces import command as trace_command
@@ -43,9 +44,11 @@ transports for AI serving, and the servers, proxy and load generator they use.""
 
 BENCH_DESCRIPTION: Final = """\
 Runs the standard benchmark matrix (the pytest-benchmark suites bench_*.py: codecs,
-transports, connections, stages, load, peers, faults, instructions), each --repeat times in a
-fresh process (the faults suite once: its figures are counts, not timings; the instruction
-counts under callgrind once: they are the same in every process), writes each suite's results
+transports, connections, stages, load, peers, faults, instructions, engine), each --repeat
+times in a fresh process (the faults suite once: its figures are counts, not timings; the
+instruction counts under callgrind once: they are the same in every process; the engine suite
+once: its virtual-clock figures are the same in every process, and its real-stack points
+interleave their own trials), writes each suite's results
 to OUT/raw/ (the median over repeats; every repeat under OUT/raw/repeats/N/) and the tables to
 OUT/README.md. Every suite times calibration workloads at its start, middle and end and reads
 the machine's CPU counters: a run in which they moved, or other processes or CPU steal took
@@ -77,6 +80,9 @@ SUITES = (
     ("bench_peers.py", results.PEERS_RAW, True),
     ("bench_faults.py", results.FAULTS_RAW, False),
     ("bench_instructions.py", INSTRUCTIONS_RAW, False),
+    # the engine's virtual clock is deterministic (the same figures in every process), and its
+    # real-stack points run their trials interleaved within the one run
+    ("bench_engine.py", ENGINE_RAW, False),
 )
 
 
