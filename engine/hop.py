@@ -47,6 +47,8 @@ from typing import Annotated, Any, Final, Literal, TypeAlias
 
 import msgspec
 
+from .errors import EngineError
+
 MAX_RID_BYTES: Final = 64
 MAX_NAME_BYTES: Final = 256
 """Longest workload, model, codec or session name a control payload may carry."""
@@ -86,8 +88,8 @@ ERROR_KINDS: Final[frozenset[str]] = frozenset(
 )
 
 
-class HopError(Exception):
-    """Root of the hop's errors."""
+class HopError(EngineError):
+    """Root of the hop's errors (an :class:`~inferwire.engine.errors.EngineError`)."""
 
 
 class HopProtocolError(HopError, ValueError):

@@ -1,0 +1,660 @@
+"""``inferwire engine``: the simulated engine in its own process, behind a ZeroMQ ROUTER.
+
+    python -m inferwire.engine.process --endpoint ipc:///tmp/engine.sock --codec msgspec-msgpack
+    inferwire engine --endpoint tcp://127.0.0.1:0 --policy static --step-scale 0.1
+
+The first line on stdout says where it listens, as ``inferwire serve`` does:
+``listening on ENDPOINT codec=NAME policy=POLICY session=ID`` (with ``tcp://HOST:0`` the
+endpoint is the one bound, so a parent that asked for any port learns it).
+:class:`~inferwire.engine.launch.EngineProcess` starts it and reads that line.
+
+The loop (one thread, the real clock; the wire format is :mod:`inferwire.engine.hop`):
+
+1. receive every message pending (ADD queues a request on the core, ABORT frees its KV
+   blocks, PAUSE/RESUME park a request, HELLO opens a frontend's session, PING and STATS are
+   answered at once);
+2. run one engine step (:meth:`EngineCore.step`) and wait its modelled ``duration_s``, still
+   receiving (a ZeroMQ poller's timeout is the wait), as a GPU step runs while the engine
+   core's input thread reads the socket in vLLM;
+3. encode each output with its request's hop-codec stream encoder (the codec's end marker
+   after its last chunk) and send **one OUTPUTS message per frontend**, then END_STATS for the
+   requests that finished and asked for them;
+4. heartbeats to idle frontends every ``--heartbeat-interval``; a frontend not heard from for
+   ``--liveness-timeout`` (it pings every ~0.15 s) has its requests aborted, as does one that
+   ZeroMQ can no longer route to (it disconnected) or that says HELLO with a new session.
+
+Backpressure: an ADD over the core's ``max_waiting`` is answered ERROR ``overloaded``; a
+frontend's PAUSE parks its request (its blocks held, its decode skipped); a frontend whose
+socket is full (ZeroMQ's send high-water mark) gets nothing more until it drains: its
+messages wait in an outbox and its requests are paused meanwhile, so the engine never blocks
+on one slow frontend nor drops a frame of a stream.
+
+Stage times (END_STATS, seconds on the engine's clock, when an ADD asks), from the core's
+split (:class:`~inferwire.engine.core.RequestRecord`): ``queue_s`` waiting for admission (from
+arrival, and again after a preemption), ``prefill_s`` the prefill iterations it was part of,
+``decode_s`` the decode iterations it was part of (a decode step lasts as long for every
+request in the batch), ``batch_wait_s`` the time it held a batch slot while other requests'
+prefill ran or while paused (the core's ``stall_s``); then ``encode_s``, the engine's
+hop-codec encode time of its frames (measured, ``perf_counter_ns``), ``ttft_s`` arrival to
+first chunk and ``engine_s`` arrival to last chunk (as modelled: the chunk is due at the end of
+its step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import secrets
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Final
+
+import zmq
+
+import inferwire.codecs as ic
+from inferwire.workloads import cut_stream, token_stream_source
+
+from . import hop
+from .clock import RealClock
+from .core import EngineCore, EngineRequest, StepResult
+from .errors import EngineFullError, InvalidRequestError
+from .hop_codecs import DEFAULT_HOP_CODEC, hop_codec, hop_names
+from .scheduler import POLICIES, EngineConfig
+from .steps import StepModel
+
+DEFAULT_ENDPOINT: Final = "tcp://127.0.0.1:0"
+HEARTBEAT_INTERVAL_S: Final = 0.15
+LIVENESS_TIMEOUT_S: Final = 3.0
+SOCKET_HWM: Final = 10_000
+"""Messages queued per peer before ZeroMQ pushes back (both directions, both sockets)."""
+_DRAIN_AT_ONCE: Final = 10_000
+_USAGE_ERROR: Final = 2
+
+
+@dataclass(slots=True, eq=False)
+class _Frontend:
+    identity: bytes
+    session: str
+    number: int
+    last_heard_s: float
+    last_sent_s: float = 0.0
+    requests: dict[str, _Request] = field(default_factory=dict)
+    outbox: deque[list[bytes]] = field(default_factory=deque)
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    frontend: _Frontend
+    rid: str
+    key: str
+    encoder: ic.StreamEncoder
+    want_times: bool
+    paused_by_frontend: bool = False
+    next_index: int = 0
+    encode_ns: int = 0
+
+
+class EngineLoop:
+    """The loop of the module docstring around ``core`` on ``socket`` (a bound ROUTER);
+    :meth:`run` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        codec: ic.Codec,
+        socket: zmq.Socket[bytes],
+        *,
+        session: str | None = None,
+        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
+        liveness_timeout_s: float = LIVENESS_TIMEOUT_S,
+        source: Callable[[str, int], Sequence[ic.TokenChunk]] = token_stream_source,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.core = core
+        self.codec = codec
+        self.socket = socket
+        self.session = session or secrets.token_hex(8)
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.liveness_timeout_s = liveness_timeout_s
+        self._source = functools.lru_cache(maxsize=64)(source)
+        self._log = log or (lambda line: print(f"inferwire engine: {line}", file=sys.stderr))
+        self._frontends: dict[bytes, _Frontend] = {}
+        self._requests: dict[str, _Request] = {}
+        self._numbered = 0
+        self._poller = zmq.Poller()
+        self._poller.register(socket, zmq.POLLIN)
+        self._stopping = False
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "requests_added",
+                "requests_finished",
+                "requests_aborted",
+                "overloaded",
+                "bad_requests",
+                "protocol_errors",
+                "frontends_dropped",
+                "outputs_sent",
+                "messages_sent",
+                "encode_ns",
+            ),
+            0,
+        )
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self) -> None:
+        clock = time.monotonic
+        core = self.core
+        while not self._stopping:
+            self._receive(0.0)
+            result = core.step() if core.has_work() else None
+            if result is None:
+                # idle, all paused, or a static batch waiting to fill: until a message comes,
+                # the policy's next wake-up, or the next heartbeat is due
+                wait_s = self.heartbeat_interval_s
+                wakeup_s = core.next_wakeup_s() if core.has_work() else None
+                if wakeup_s is not None:
+                    wait_s = min(wait_s, max(0.0, wakeup_s - core.clock.now()))
+                self._receive(wait_s)
+            else:
+                deadline_s = clock() + result.duration_s
+                while (left_s := deadline_s - clock()) > 0 and not self._stopping:
+                    self._receive(left_s)
+                self._deliver(result)
+            self._flush()
+            self._housekeeping(clock())
+
+    def _receive(self, timeout_s: float) -> None:
+        """Every message pending, waiting up to ``timeout_s`` for the first."""
+        if not self._poller.poll(max(0, round(timeout_s * 1000))):
+            return
+        for _ in range(_DRAIN_AT_ONCE):
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_message(frames[0], frames[1:])
+
+    # -- messages from frontends -----------------------------------------------------------
+
+    def _on_message(self, identity: bytes, frames: list[bytes]) -> None:
+        frontend = self._frontends.get(identity)
+        if frontend is not None:
+            frontend.last_heard_s = time.monotonic()
+        try:
+            message = hop.parse_from_frontend(frames)
+        except hop.HopProtocolError as exc:
+            self.counters["protocol_errors"] += 1
+            self._send_to(identity, hop.failure("", "protocol", str(exc)))
+            return
+        if isinstance(message, hop.Hello):
+            self._hello(identity, message)
+        elif isinstance(message, hop.Bare):
+            if message.kind == hop.PING:
+                self._send_to(identity, self._heartbeat())
+            else:
+                self._send_to(identity, hop.stats_answer(self.stats()))
+        elif frontend is None:
+            if isinstance(message, hop.Add):
+                self._send_to(
+                    identity,
+                    hop.failure(message.rid, "unknown-frontend", "send HELLO first"),
+                )
+        elif isinstance(message, hop.Add):
+            self._add(frontend, message)
+        else:
+            self._control(frontend, message)
+
+    def _hello(self, identity: bytes, hello: hop.Hello) -> None:
+        if hello.version != hop.PROTOCOL_VERSION or hello.codec != self.codec.name:
+            self._send_to(
+                identity,
+                hop.failure(
+                    "",
+                    "refused",
+                    f"this engine speaks hop version {hop.PROTOCOL_VERSION} with codec "
+                    f"{self.codec.name!r}, not version {hello.version} with {hello.codec!r}",
+                ),
+            )
+            return
+        old = self._frontends.get(identity)
+        if old is not None and old.session != hello.session:
+            self._drop(old, "said HELLO with a new session")
+        if old is None or old.session != hello.session:
+            self._numbered += 1
+            now = time.monotonic()
+            self._frontends[identity] = _Frontend(identity, hello.session, self._numbered, now)
+        self._send_to(identity, hop.welcome(self.session, self.codec.name))
+
+    def _add(self, frontend: _Frontend, add: hop.Add) -> None:
+        if add.rid in frontend.requests:
+            self._fail(frontend, add.rid, "bad-request", f"request id {add.rid!r} is in use")
+            return
+        try:
+            chunks = self._chunks(add)
+            prompt_tokens = add.prompt_tokens or next(
+                (c.usage.prompt_tokens for c in reversed(chunks) if c.usage is not None), 0
+            )
+            key = f"{frontend.number}/{add.rid}"
+            self.core.add(
+                EngineRequest(
+                    rid=key,
+                    chunks=chunks,
+                    prompt_tokens=prompt_tokens,
+                )
+            )
+        except EngineFullError as exc:
+            self.counters["overloaded"] += 1
+            self._fail(frontend, add.rid, "overloaded", str(exc))
+            return
+        except (InvalidRequestError, ValueError) as exc:
+            self.counters["bad_requests"] += 1
+            self._fail(frontend, add.rid, "bad-request", str(exc))
+            return
+        request = _Request(
+            frontend, add.rid, key, self.codec.stream_encoder(), add.want_stage_times
+        )
+        frontend.requests[add.rid] = request
+        self._requests[key] = request
+        self.counters["requests_added"] += 1
+        if frontend.outbox:  # the frontend is not reading: this one waits too
+            self.core.pause(key)
+
+    def _chunks(self, add: hop.Add) -> Sequence[ic.TokenChunk]:
+        try:
+            chunks = self._source(add.workload, add.seed)
+        except KeyError:
+            raise ValueError(f"unknown workload {add.workload!r}") from None
+        if not chunks or not isinstance(chunks[0], ic.TokenChunk):
+            raise ValueError(f"workload {add.workload!r} is not a token stream")
+        if add.max_tokens is not None:
+            chunks = cut_stream(chunks, add.max_tokens)
+        if add.model and add.model != chunks[0].model:
+            chunks = [dataclasses.replace(c, model=add.model) for c in chunks]
+        return chunks
+
+    def _control(self, frontend: _Frontend, message: hop.RidMessage) -> None:
+        request = frontend.requests.get(message.rid)
+        if request is None:
+            return  # it finished, or failed, while the message was on its way
+        if message.kind == hop.ABORT:
+            self._forget(request)
+            self.core.abort(request.key)
+            self.counters["requests_aborted"] += 1
+        elif message.kind == hop.PAUSE:
+            request.paused_by_frontend = True
+            self.core.pause(request.key)
+        else:
+            request.paused_by_frontend = False
+            if not frontend.outbox:
+                self.core.resume(request.key)
+
+    # -- outputs ---------------------------------------------------------------------------
+
+    def _deliver(self, result: StepResult) -> None:
+        per_frontend: dict[_Frontend, list[tuple[bytes, bytes]]] = {}
+        finished: list[_Request] = []
+        perf = time.perf_counter_ns
+        for output in result.outputs:
+            request = self._requests.get(output.rid)
+            if request is None or output.index < request.next_index:
+                continue  # aborted while the step ran; or a chunk replayed after preemption
+            request.next_index = output.index + 1
+            started = perf()
+            data = request.encoder.encode(output.chunk)
+            if output.finished:
+                data += request.encoder.end()
+            took = perf() - started
+            request.encode_ns += took
+            self.counters["encode_ns"] += took
+            per_frontend.setdefault(request.frontend, []).append(
+                (request.rid.encode("ascii"), data)
+            )
+            if output.finished:
+                finished.append(request)
+        for frontend, items in per_frontend.items():
+            self.counters["outputs_sent"] += len(items)
+            self._send(frontend, hop.outputs(items))
+        for request in finished:
+            self._forget(request)
+            self.counters["requests_finished"] += 1
+            if request.want_times:
+                self._send(request.frontend, hop.end_stats(request.rid, self._times(request)))
+
+    def _times(self, request: _Request) -> dict[str, float]:
+        """The stage times of the module docstring, from the core's split (then forgotten)."""
+        try:
+            stamps = self.core.request_times(request.key)
+        except KeyError:
+            stamps = {}
+        self.core.pop_record(request.key)
+        times = {"encode_s": request.encode_ns / 1e9}
+        for name in ("queue_s", "prefill_s", "decode_s"):
+            if isinstance(stamps.get(name), float | int):
+                times[name] = float(stamps[name])
+        if isinstance(stamps.get("stall_s"), float | int):
+            times["batch_wait_s"] = float(stamps["stall_s"])
+        arrival = stamps.get("arrival_s")
+        first = stamps.get("first_token_s")
+        done = stamps.get("finished_s")
+        if arrival is not None and first is not None:
+            times["ttft_s"] = first - arrival
+        if arrival is not None and done is not None:
+            times["engine_s"] = done - arrival
+        return times
+
+    def _forget(self, request: _Request) -> None:
+        request.frontend.requests.pop(request.rid, None)
+        self._requests.pop(request.key, None)
+
+    def _fail(self, frontend: _Frontend, rid: str, kind: hop.ErrorKind, message: str) -> None:
+        self._send(frontend, hop.failure(rid, kind, message))
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def _send(self, frontend: _Frontend, frames: list[bytes]) -> None:
+        """To ``frontend``, in order: behind its outbox if it has one."""
+        frontend.last_sent_s = time.monotonic()
+        if frontend.outbox:
+            frontend.outbox.append(frames)
+            return
+        sent = self._try_send(frontend.identity, frames)
+        if sent is None:
+            self._drop(frontend, "disconnected")
+        elif not sent:
+            frontend.outbox.append(frames)
+            for request in frontend.requests.values():
+                self.core.pause(request.key)
+
+    def _send_to(self, identity: bytes, frames: list[bytes]) -> None:
+        """To a peer that may have no session (an answer to PING, STATS, a refusal)."""
+        frontend = self._frontends.get(identity)
+        if frontend is not None:
+            self._send(frontend, frames)
+        else:
+            self._try_send(identity, frames)
+
+    def _try_send(self, identity: bytes, frames: list[bytes]) -> bool | None:
+        """True if sent, False if the peer's queue is full, None if ZeroMQ cannot route to
+        it (ROUTER_MANDATORY: it disconnected)."""
+        try:
+            self.socket.send_multipart([identity, *frames], zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return None
+            raise
+        self.counters["messages_sent"] += 1
+        return True
+
+    def _flush(self) -> None:
+        for frontend in list(self._frontends.values()):
+            if not frontend.outbox:
+                continue
+            while frontend.outbox:
+                sent = self._try_send(frontend.identity, frontend.outbox[0])
+                if sent is None:
+                    self._drop(frontend, "disconnected")
+                    break
+                if not sent:
+                    break
+                frontend.outbox.popleft()
+            else:
+                for request in frontend.requests.values():
+                    if not request.paused_by_frontend:
+                        self.core.resume(request.key)
+
+    def _heartbeat(self) -> list[bytes]:
+        stats = self.core.stats()
+        return hop.heartbeat(
+            self.session,
+            waiting=int(stats.get("waiting", 0)),
+            running=int(stats.get("running", 0)),
+        )
+
+    def _housekeeping(self, now_s: float) -> None:
+        for frontend in list(self._frontends.values()):
+            if now_s - frontend.last_heard_s > self.liveness_timeout_s:
+                self._drop(frontend, f"not heard from for {self.liveness_timeout_s} s")
+            elif now_s - frontend.last_sent_s >= self.heartbeat_interval_s:
+                self._send(frontend, self._heartbeat())
+
+    def _drop(self, frontend: _Frontend, why: str) -> None:
+        """Forget ``frontend``: abort its requests (their KV blocks are freed)."""
+        if self._frontends.get(frontend.identity) is frontend:
+            del self._frontends[frontend.identity]
+        for request in list(frontend.requests.values()):
+            self._forget(request)
+            self.core.abort(request.key)
+            self.counters["requests_aborted"] += 1
+        frontend.outbox.clear()
+        self.counters["frontends_dropped"] += 1
+        self._log(f"frontend {frontend.number} {why}: its requests are aborted")
+
+    def stats(self) -> hop.Stats:
+        """The core's counters, the loop's, and the frontends and requests it holds."""
+        stats: hop.Stats = {
+            k: v for k, v in self.core.stats().items() if isinstance(v, int | float | str)
+        }
+        stats.update(self.counters)
+        stats["frontends"] = len(self._frontends)
+        stats["requests"] = len(self._requests)
+        stats["session"] = self.session
+        return stats
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def bind_endpoint(socket: zmq.Socket[bytes], endpoint: str) -> str:
+    """Binds ``socket`` to ``endpoint`` (``tcp://HOST:0``: any free port) and returns the
+    endpoint bound. Raises ValueError for an endpoint that is not ``ipc://`` or ``tcp://``."""
+    if endpoint.startswith("tcp://"):
+        host, _, port_text = endpoint[len("tcp://") :].rpartition(":")
+        if not host or not port_text.isdigit():
+            raise ValueError(f"{endpoint!r} is not tcp://HOST:PORT")
+        if int(port_text) == 0:
+            endpoint = f"tcp://{host}:*"
+    elif not endpoint.startswith("ipc://") or len(endpoint) == len("ipc://"):
+        raise ValueError(f"{endpoint!r} is neither ipc://PATH nor tcp://HOST:PORT")
+    socket.bind(endpoint)
+    bound: str = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+    return bound
+
+
+def configure(socket: zmq.Socket[Any], *, hwm: int = SOCKET_HWM) -> None:
+    """The options both ends of the hop set: bounded queues, bounded messages, no linger."""
+    socket.setsockopt(zmq.SNDHWM, hwm)
+    socket.setsockopt(zmq.RCVHWM, hwm)
+    socket.setsockopt(zmq.MAXMSGSIZE, hop.MAX_PART_BYTES)
+    socket.setsockopt(zmq.LINGER, 0)
+
+
+def _config(args: argparse.Namespace) -> EngineConfig:
+    step = StepModel()
+    for assignment in args.step or ():
+        name, _, value = assignment.partition("=")
+        try:
+            step = dataclasses.replace(step, **{name: float(value)})
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"--step {assignment}: {exc}") from None
+    if args.step_scale != 1.0:
+        step = step.scaled(args.step_scale)
+    options: dict[str, Any] = {"policy": args.policy, "step": step}
+    for name in ("max_batch", "kv_blocks", "block_tokens", "max_waiting", "adaptive_bmax"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    if args.static_timeout_ms is not None:
+        options["static_timeout_s"] = args.static_timeout_ms / 1000
+    return EngineConfig(**options)
+
+
+def engine_command(args: argparse.Namespace) -> int:
+    """Runs the engine until SIGINT or SIGTERM; a mistake is one line on stderr, status 2."""
+    try:
+        codec = hop_codec(args.codec, allow_pickle=args.allow_pickle)
+        config = _config(args)
+    except (hop.HopError, ic.CodecError, ValueError) as exc:
+        print(f"inferwire engine: error: {exc}", file=sys.stderr)
+        return _USAGE_ERROR
+    context = zmq.Context()
+    socket = context.socket(zmq.ROUTER)
+    configure(socket)
+    socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable frontend is an error, not a drop
+    try:
+        try:
+            endpoint = bind_endpoint(socket, args.endpoint)
+        except (ValueError, zmq.ZMQError) as exc:
+            print(
+                f"inferwire engine: error: cannot listen on {args.endpoint}: {exc}", file=sys.stderr
+            )
+            return _USAGE_ERROR
+        loop = EngineLoop(
+            EngineCore(config, RealClock()),
+            codec,
+            socket,
+            heartbeat_interval_s=args.heartbeat_interval,
+            liveness_timeout_s=args.liveness_timeout,
+        )
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            loop.stop()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, stop)
+        print(
+            f"listening on {endpoint} codec={codec.name} policy={config.policy} "
+            f"session={loop.session}",
+            flush=True,
+        )
+        loop.run()
+    finally:
+        socket.close(linger=0)
+        context.term()
+    return 0
+
+
+ENGINE_DESCRIPTION: Final = """\
+Runs the simulated inference engine (batching policy, step-time model, KV cache) in this
+process, behind a ZeroMQ ROUTER socket, until SIGINT or SIGTERM; frontends (inferwire serve
+--engine ENDPOINT) connect to it. The first line on stdout is "listening on ENDPOINT codec=NAME
+policy=POLICY session=ID": with tcp://HOST:0, ENDPOINT is the port bound.
+
+Each request's chunks are a seeded workload's, one per decode step, encoded with the hop codec
+(--codec; every frontend must speak the same). pickle runs code from the bytes it reads and is
+refused unless --allow-pickle is given here and on the frontends: only for trusted peers."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--endpoint",
+        default=DEFAULT_ENDPOINT,
+        help="where to listen: ipc://PATH or tcp://HOST:PORT (port 0: any free port)",
+    )
+    parser.add_argument(
+        "--codec",
+        default=DEFAULT_HOP_CODEC,
+        choices=hop_names(),
+        help="how token chunks cross the hop (vLLM: msgspec-msgpack; SGLang: pickle)",
+    )
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="allow --codec pickle: unsafe unless every peer is trusted",
+    )
+    parser.add_argument("--policy", default="continuous", choices=POLICIES, help="batching policy")
+    parser.add_argument("--max-batch", type=_positive_int, help="most requests in one batch")
+    parser.add_argument("--kv-blocks", type=_positive_int, help="KV-cache capacity, in blocks")
+    parser.add_argument("--block-tokens", type=_positive_int, help="tokens per KV block")
+    parser.add_argument(
+        "--max-waiting",
+        type=_positive_int,
+        help="requests that may wait; one more is refused as overloaded",
+    )
+    parser.add_argument(
+        "--static-timeout-ms",
+        type=_non_negative,
+        help="static policy: how long a batch waits to fill",
+    )
+    parser.add_argument(
+        "--adaptive-bmax", type=_positive_int, help="adaptive policy: the largest batch (Bmax)"
+    )
+    parser.add_argument(
+        "--step",
+        action="append",
+        metavar="NAME=SECONDS",
+        help="set one parameter of the step-time model (e.g. decode_base_s=0.005); repeatable",
+    )
+    parser.add_argument(
+        "--step-scale",
+        type=_non_negative,
+        default=1.0,
+        help="multiply every step time by this (below 1: a faster engine, for tests)",
+    )
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=_positive_float,
+        default=HEARTBEAT_INTERVAL_S,
+        help="seconds between heartbeats to an idle frontend",
+    )
+    parser.add_argument(
+        "--liveness-timeout",
+        type=_positive_float,
+        default=LIVENESS_TIMEOUT_S,
+        help="seconds without a word from a frontend before its requests are aborted",
+    )
+
+
+def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
+    """``engine`` as a subcommand of the ``inferwire`` command."""
+    parser = commands.add_parser(
+        "engine", help="run the simulated engine behind ZeroMQ", description=ENGINE_DESCRIPTION
+    )
+    add_arguments(parser)
+    parser.set_defaults(run=engine_command)
+
+
+def _number(
+    text: str, convert: Callable[[str], float], test: Callable[[float], bool], what: str
+) -> Any:
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not test(value) or value != value or value in (float("inf"),):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    return int(_number(text, int, lambda v: v > 0, "a whole number above 0"))
+
+
+def _positive_float(text: str) -> float:
+    return float(_number(text, float, lambda v: v > 0, "a number above 0"))
+
+
+def _non_negative(text: str) -> float:
+    return float(_number(text, float, lambda v: v >= 0, "a number, 0 or more"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m inferwire.engine.process", description=ENGINE_DESCRIPTION
+    )
+    add_arguments(parser)
+    return engine_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
