@@ -24,6 +24,7 @@ EXTRAS: Final = {
     "prometheus_client": ("prometheus-client", "transports"),
     "trustme": ("trustme", "transports"),
     "uvloop": ("uvloop", "uvloop"),
+    "zmq": ("pyzmq", "engine"),
     "pytest": ("pytest", "bench"),
     "pytest_benchmark": ("pytest-benchmark", "bench"),
     "hdrh": ("hdrhistogram", "bench"),
@@ -39,8 +40,9 @@ EXTRAS: Final = {
     "opentelemetry": ("opentelemetry-sdk", "trace"),
 }
 INCLUDES: Final = {
-    "bench": ("transports", "uvloop"),
+    "bench": ("transports", "engine", "uvloop"),
     "uvloop": (),
+    "engine": (),
     "transports": ("grpc",),
     "grpc": (),
     "tokenizer": (),

@@ -62,7 +62,10 @@ from .proxy import DelayProxy
 from .tracing import SERVER_SERVICE, Tracer
 
 if TYPE_CHECKING:
+    from inferwire.engine.client import EngineClient
+
     from .metrics import MetricsServer, ServerMetrics
+    from .service import SimulatedService
 
 UPSTREAM_PROBE_TIMEOUT_S: Final = 2.0
 
@@ -133,9 +136,13 @@ async def _serve(args: argparse.Namespace) -> None:
         tracer = Tracer.open(
             SERVER_SERVICE, args.trace_endpoint, transport=args.transport, codec=args.codec
         )
-    service = it.SimulatedService(
-        token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
-    )
+    engine = None
+    if args.engine is None:
+        service = it.SimulatedService(
+            token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
+        )
+    else:
+        engine, service = await _engine_service(args)
     options: dict[str, object] = {}
     if args.transport in ("http1", "http2"):
         options["registry"] = default_registry()
@@ -174,9 +181,33 @@ async def _serve(args: argparse.Namespace) -> None:
     finally:
         if side is not None:
             side.stop()
+        if engine is not None:
+            await engine.close()
         if tracer is not None:
             await asyncio.sleep(0)  # the spans of streams that just ended are built
             await asyncio.to_thread(tracer.close)  # exports what is queued
+
+
+async def _engine_service(args: argparse.Namespace) -> tuple[EngineClient, SimulatedService]:
+    """``--engine``'s service: the engine's client (started: it connects in the background
+    and waits for the engine only when a stream asks) and the service that plays through it."""
+    if args.prefill_ms or args.decode_ms:
+        raise CommandError("--prefill-ms and --decode-ms pace the local service; the engine paces")
+    with needs_extras("--engine"):
+        from inferwire.engine.client import EngineClient
+        from inferwire.engine.hop import HopError
+        from inferwire.engine.hop_codecs import hop_codec
+
+        from .engine_service import EngineService
+    try:
+        codec = hop_codec(args.engine_codec, allow_pickle=args.allow_pickle)
+    except (HopError, ic.CodecError) as exc:
+        raise CommandError(f"--engine-codec {args.engine_codec}: {exc}") from None
+    if not args.engine.startswith(("ipc://", "tcp://")):
+        raise CommandError(f"--engine {args.engine}: not ipc://PATH nor tcp://HOST:PORT")
+    client = EngineClient(args.engine, codec, liveness_timeout_s=args.engine_liveness_timeout)
+    await client.start()
+    return client, EngineService(token_stream_source, client)
 
 
 def _metrics(transport: str, codec: str) -> ServerMetrics:
@@ -264,7 +295,10 @@ turns them off.
 
 The service streams seeded token chunks of the workload a request names, paced by
 --prefill-ms (time to the first token) and --decode-ms (time per token); with both at 0 a
-client measures serialization and transport alone."""
+client measures serialization and transport alone. With --engine ENDPOINT the server is a
+frontend: it checks each request itself, and the engine process at ENDPOINT (inferwire engine)
+schedules, batches and paces it, its chunks crossing the hop in --engine-codec; a stream the
+engine cannot finish (it died, restarted or was overloaded) fails, never ends short."""
 
 PROXY_DESCRIPTION: Final = """\
 A TCP proxy that forwards every chunk it reads --delay-ms after it arrived, in each direction,
@@ -322,6 +356,31 @@ def add_commands(commands: Commands) -> None:
         "--no-metrics",
         action="store_true",
         help="record no metrics (the benchmarks' servers: a floor measures the transport alone)",
+    )
+    srv.add_argument(
+        "--engine",
+        metavar="ENDPOINT",
+        help="serve the streams of the engine process at ENDPOINT (ipc://PATH or "
+        "tcp://HOST:PORT, see inferwire engine) over the hop, as a frontend; without it the "
+        "service plays them itself",
+    )
+    srv.add_argument(
+        "--engine-codec",
+        default="msgspec-msgpack",
+        help="the hop's codec, the engine's --codec: a codec of --codec's list that carries "
+        "token chunks, or pickle (with --allow-pickle)",
+    )
+    srv.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="allow --engine-codec pickle: it runs code from the bytes it reads, so only "
+        "with an engine you trust",
+    )
+    srv.add_argument(
+        "--engine-liveness-timeout",
+        type=positive,
+        default=5.0,
+        help="seconds without a word from the engine before its open streams fail",
     )
     add_loop_argument(srv)
     add_trace_arguments(srv, "each stream's stages")

@@ -1,5 +1,6 @@
 """The ``inferwire`` command: ``bench`` and ``report`` here, ``serve`` and ``proxy`` from
-:mod:`inferwire.transports.serve`, ``load`` from :mod:`inferwire.bench.loadgen.load_command`.
+:mod:`inferwire.transports.serve`, ``engine`` from :mod:`inferwire.engine.process`, ``load``
+from :mod:`inferwire.bench.loadgen.load_command`.
 
 Ordinary mistakes are one line on stderr and exit status 2 (:mod:`inferwire.transports.arguments`).
 On a base install (no extras) ``--help`` works, and a subcommand whose libraries are missing
@@ -367,6 +368,13 @@ def build_parser() -> Parser:
     rep.set_defaults(run=_report)
 
     serve.add_commands(commands)
+    try:
+        with extras.needs_extras("the engine"):
+            from inferwire.engine import process as engine_process
+    except extras.MissingExtraError as missing:
+        _unavailable(commands, "engine", "the simulated engine behind ZeroMQ", missing)
+    else:
+        engine_process.add_commands(commands)
     watch_command.add_commands(commands)
     try:
         with extras.needs_extras("the load generator"):

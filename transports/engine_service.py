@@ -1,0 +1,88 @@
+"""The simulated service behind a frontend: every transport's server serves it unchanged, and
+its token streams come from the engine process over the hop (:mod:`inferwire.engine`).
+
+:class:`EngineService` keeps what a frontend does itself: ``open`` checks a request and
+computes its chunks before a server answers (as a real frontend tokenizes and validates
+before it hands a request to its engine), ``chunks`` is what a stream must equal (the tests
+and benchmarks compare with it), ``infer`` and ``models`` are local. Only ``batches`` (and
+``generate``, which reads it) go through the engine: ADD on the hop, then lists of the chunks
+decoded so far, ABORT when the consumer goes away.
+
+A stream the engine cannot finish raises from ``batches`` (every server then fails the stream:
+tcp and http1 close the connection before the end marker, http2 resets the stream, grpc ends
+the call with an error status, so a client sees an error, never a short complete stream):
+
+- :class:`~inferwire.engine.hop.EngineGoneError`: the engine died, stopped answering or
+  restarted mid-stream;
+- :class:`~inferwire.engine.hop.EngineOverloadedError`: the engine's waiting queue was full.
+  The servers have no overload answer of their own (no 503 / ``RESOURCE_EXHAUSTED`` path, as
+  a stream's status is sent before the engine answers), so it fails the stream like any
+  server-side error, the closest they have; the error's type says why in the server's log;
+- :class:`~inferwire.engine.hop.StreamFailedError`: the hop bytes did not decode or the
+  codec's end marker did not come.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Sequence
+
+from inferwire.codecs import TokenChunk
+from inferwire.engine import hop
+from inferwire.engine.client import EngineClient, EngineStream
+from inferwire.workloads import MODEL
+
+from .service import MAX_BATCH_CHUNKS, SimulatedService, Source, TokenStream
+
+
+class EngineService(SimulatedService):
+    """:class:`SimulatedService` whose streams the engine behind ``client`` plays (the
+    client started by the caller). With ``stage_times``, each request asks the engine for its
+    stage times, kept in :attr:`last_stage_times` (benchmarks read them)."""
+
+    def __init__(
+        self,
+        source: Source,
+        client: EngineClient,
+        *,
+        cache_size: int = 64,
+        models: Sequence[str] = (MODEL,),
+        stage_times: bool = False,
+    ) -> None:
+        super().__init__(source, cache_size=cache_size, models=models)
+        self.client = client
+        self.stage_times = stage_times
+        self.last_stage_times: dict[str, float] | None = None
+        """The stage times of the stream that ended last (with ``stage_times``)."""
+
+    async def batches(
+        self, stream: TokenStream, *, max_chunks: int = MAX_BATCH_CHUNKS
+    ) -> AsyncGenerator[list[TokenChunk], None]:
+        """The engine's stream as lists of the chunks decoded so far (at most
+        ``max_chunks``). Raises a :class:`~inferwire.engine.hop.HopError` when the stream
+        cannot finish; closing the generator aborts the request on the engine."""
+        self.active_streams += 1
+        self.streams_started += 1
+        engine_stream: EngineStream | None = None
+        try:
+            request = stream.request
+            engine_stream = await self.client.open_stream(
+                hop.Add(
+                    rid="-",
+                    workload=request.workload,
+                    seed=request.seed,
+                    max_tokens=request.max_tokens,
+                    prompt_tokens=request.prompt_tokens,
+                    model=request.model,
+                    want_stage_times=self.stage_times,
+                )
+            )
+            while batch := await engine_stream.next_batch(max_chunks):
+                yield batch
+            if engine_stream.stage_times is not None:
+                self.last_stage_times = engine_stream.stage_times
+        finally:
+            self.active_streams -= 1
+            if engine_stream is not None and not engine_stream.done:
+                with contextlib.suppress(Exception):
+                    engine_stream.abort()
