@@ -352,6 +352,8 @@ class EngineCore:
         for live in self._running:
             if live not in admitted:
                 live.stall_s += duration_s
+        rids = tuple(live.rid for live in admitted)
+        self.policy.admitted(rids)  # before any of them can retire in _emit
         outputs = []
         for live in admitted:
             live.queue_s += now_s - live.waiting_since_s
@@ -361,8 +363,6 @@ class EngineCore:
             if live.first_token_s is None:
                 live.first_token_s = end_s
             outputs.append(self._emit(live, end_s))
-        rids = tuple(live.rid for live in admitted)
-        self.policy.admitted(rids)
         return StepResult(
             start_s=now_s,
             duration_s=duration_s,
@@ -476,7 +476,7 @@ class EngineCore:
         """Counts and gauges: ``running``, ``waiting``, ``paused``, ``kv_blocks_used``,
         ``kv_blocks_total``, ``steps`` (and ``prefill_steps``, ``decode_steps``),
         ``preemptions``, ``finished``, ``aborted``, ``rejected``, ``output_tokens``,
-        ``busy_s`` (modelled compute time), ``load`` (adaptive's last ``L``, else ``None``)."""
+        ``busy_s`` (modelled compute time), ``load`` (adaptive's ``L`` now, else ``None``)."""
         return {
             "policy": self.config.policy,
             "running": len(self._running),
@@ -486,5 +486,5 @@ class EngineCore:
             "kv_blocks_total": self.kv.total_blocks,
             **self._counts,
             "busy_s": self._busy_s,
-            "load": self.policy.load,
+            "load": self.policy.load(self._view(self.clock.now())),
         }

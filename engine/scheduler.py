@@ -192,9 +192,8 @@ class Policy:
         """When this policy may admit without anything new happening (a timeout), if ever."""
         return None
 
-    @property
-    def load(self) -> float | None:
-        """The last load this policy computed, for stats (adaptive only)."""
+    def load(self, view: QueueView) -> float | None:
+        """The load ``L`` this policy sees now (adaptive only), for stats."""
         return None
 
 
@@ -245,18 +244,16 @@ class AdaptivePolicy(Policy):
         self.estimator = LoadEstimator(
             config.step, config.adaptive_target_step_s, config.adaptive_ewma_alpha
         )
-        self._load = 0.0
 
     def admission(self, view: QueueView) -> Admission:
-        self._load = self.estimator.load(view.decodable, view.decodable_kv_tokens)
-        return Admission(adaptive_batch(view.waiting, self._load, self.config.adaptive_bmax))
+        load = self.estimator.load(view.decodable, view.decodable_kv_tokens)
+        return Admission(adaptive_batch(view.waiting, load, self.config.adaptive_bmax))
 
     def observe(self, predicted_s: float, measured_s: float) -> None:
         self.estimator.observe(predicted_s, measured_s)
 
-    @property
-    def load(self) -> float | None:
-        return self._load
+    def load(self, view: QueueView) -> float | None:
+        return self.estimator.load(view.decodable, view.decodable_kv_tokens)
 
 
 _POLICY_CLASSES: Final[dict[str, type[Policy]]] = {
