@@ -143,6 +143,7 @@ class _Live:
     """A request's mutable state inside the core."""
 
     request: EngineRequest
+    rid: str
     arrival_s: float
     waiting_since_s: float
     next_index: int = 0
@@ -157,10 +158,6 @@ class _Live:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     stall_s: float = 0.0
-
-    @property
-    def rid(self) -> str:
-        return self.request.rid
 
     def next_tokens(self) -> int:
         return len(self.request.chunks[self.next_index].token_ids)
@@ -247,7 +244,9 @@ class EngineCore:
             self._counts["rejected"] += 1
             raise EngineFullError(len(self._waiting), self.config.max_waiting)
         arrival_s = self.clock.now() if request.arrival_s is None else request.arrival_s
-        live = _Live(request=request, arrival_s=arrival_s, waiting_since_s=arrival_s)
+        live = _Live(
+            request=request, rid=request.rid, arrival_s=arrival_s, waiting_since_s=arrival_s
+        )
         self._done.pop(request.rid, None)
         self._live[request.rid] = live
         self._waiting.append(live)
@@ -384,15 +383,15 @@ class EngineCore:
             if live.paused or live.state != "running":
                 continue
             need = live.next_tokens()
-            while not self.kv.can_grow(live.rid, need):
+            held = self.kv.tokens(live.rid)
+            while not self.kv.try_grow(live.rid, need):
                 victim = self._running[-1]
                 self._preempt(victim, now_s)
                 preempted.append(victim.rid)
                 if victim is live:
                     break
             else:
-                kv_tokens += self.kv.tokens(live.rid)
-                self.kv.grow(live.rid, need)
+                kv_tokens += held
                 batch.append(live)
         duration_s = self.config.step.decode_step_s(len(batch), kv_tokens) if batch else 0.0
         end_s = now_s + duration_s

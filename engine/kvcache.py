@@ -72,6 +72,17 @@ class KVCache:
     def can_grow(self, rid: str, new_tokens: int) -> bool:
         return self.blocks_to_grow(rid, new_tokens) <= self.free_blocks
 
+    def try_grow(self, rid: str, new_tokens: int) -> bool:
+        """:meth:`grow` if the blocks are free; whether it did."""
+        tokens = self._tokens[rid] + new_tokens
+        extra = -(-tokens // self.block_tokens) - self._blocks[rid]
+        if extra > self.total_blocks - self._used:
+            return False
+        self._blocks[rid] += extra
+        self._tokens[rid] = tokens
+        self._used += extra
+        return True
+
     def grow(self, rid: str, new_tokens: int) -> None:
         """Append ``new_tokens`` tokens to ``rid``, taking a new block when one fills."""
         extra = self.blocks_to_grow(rid, new_tokens)
