@@ -24,6 +24,7 @@ but is skipped by decode iterations (and, if it waits, by admission) until resum
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -63,8 +64,8 @@ class EngineRequest:
             raise InvalidRequestError(f"request {self.rid!r} has no chunks")
         if type(self.prompt_tokens) is not int or self.prompt_tokens < 0:
             raise InvalidRequestError(f"request {self.rid!r}: prompt_tokens must be >= 0")
-        if self.arrival_s is not None and not self.arrival_s >= 0:
-            raise InvalidRequestError(f"request {self.rid!r}: arrival_s must be >= 0")
+        if self.arrival_s is not None and not 0 <= self.arrival_s < math.inf:
+            raise InvalidRequestError(f"request {self.rid!r}: arrival_s must be finite, >= 0")
 
     @property
     def output_tokens(self) -> int:
@@ -165,7 +166,8 @@ class _Live:
     def times(self) -> dict[str, Any]:
         return {
             "rid": self.rid,
-            "state": "paused" if self.paused and self.state != "finished" else self.state,
+            "state": self.state,
+            "paused": self.paused,
             "arrival_s": self.arrival_s,
             "first_scheduled_s": self.first_scheduled_s,
             "first_token_s": self.first_token_s,
@@ -452,7 +454,8 @@ class EngineCore:
     # what the engine knows
 
     def request_times(self, rid: str) -> dict[str, Any]:
-        """``rid``'s state and times so far (engine clock, seconds; ``None`` where not reached):
+        """``rid``'s ``state`` ("waiting", "running", "finished" or "aborted"), whether it is
+        ``paused``, and its times so far (engine clock, seconds; ``None`` where not reached):
         ``arrival_s``, ``first_scheduled_s``, ``first_token_s``, ``finished_s``, and the split
         of :class:`RequestRecord` (``queue_s``, ``prefill_s``, ``decode_s``, ``stall_s``),
         ``preemptions``, ``tokens``, ``chunks``. Finished and aborted requests are kept (the

@@ -344,3 +344,77 @@ def test_every_request_gets_its_chunks_once_in_order(
         if not record.preemptions:
             parts = record.queue_s + record.prefill_s + record.decode_s + record.stall_s
             assert parts == pytest.approx(record.e2e_s)
+
+
+# a property over random interleavings of add, step, pause, resume and abort (the engine
+# process's calls on the real clock)
+
+Op = tuple[str, int]
+
+
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["add", "step", "pause", "resume", "abort"]), st.integers(0, 7)),
+        max_size=60,
+    ),
+    policy=st.sampled_from(POLICIES),
+    kv_blocks=st.integers(8, 20),
+)
+def test_random_operations_keep_the_invariants(ops: list[Op], policy: str, kv_blocks: int) -> None:
+    config = EngineConfig(
+        policy=policy,  # type: ignore[arg-type]
+        max_batch=3,
+        kv_blocks=kv_blocks,
+        block_tokens=2,
+        static_timeout_s=0.0,
+        adaptive_bmax=2,
+    )
+    core = EngineCore(config)
+    requests = {
+        f"r{i}": EngineRequest(f"r{i}", chunks(f"r{i}", 1 + i % 4), i % 5) for i in range(8)
+    }
+    added: set[str] = set()
+    aborted: set[str] = set()
+    seen: dict[str, list[int]] = {rid: [] for rid in requests}
+
+    def step() -> None:
+        result = core.step()
+        if result is None:
+            return
+        for out in result.outputs:
+            assert out.rid not in aborted
+            seen[out.rid].append(out.index)
+        states = {rid: core.request_times(rid)["state"] for rid in added}
+        holding = [rid for rid, state in states.items() if state == "running"]
+        assert len(holding) <= config.max_batch
+        assert core.kv.used_blocks == sum(core.kv.blocks(rid) for rid in holding)
+        assert core.kv.used_blocks <= kv_blocks
+
+    for op, n in ops:
+        rid = f"r{n}"
+        if op == "add" and rid not in added:
+            core.add(requests[rid])
+            added.add(rid)
+        elif op == "step":
+            step()
+        elif op == "pause":
+            core.pause(rid)
+        elif op == "resume":
+            core.resume(rid)
+        elif op == "abort":
+            if rid in added and core.request_times(rid)["state"] != "finished":
+                aborted.add(rid)
+            core.abort(rid)
+    for rid in added:
+        core.resume(rid)
+    for _ in range(200):
+        if not core.has_work():
+            break
+        step()
+    assert not core.has_work()
+    assert core.kv.used_blocks == 0
+    for rid in added:
+        indices = seen[rid]
+        assert indices == list(range(len(indices)))  # in order, none twice
+        if rid not in aborted:
+            assert len(indices) == len(requests[rid].chunks)
