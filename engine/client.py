@@ -243,12 +243,14 @@ class EngineClient:
 
     async def wait_ready(self, timeout_s: float | None = None) -> None:
         """Until an engine has welcomed this client. Raises :class:`HopRefusedError` if it
-        refused it, :class:`EngineGoneError` after ``timeout_s`` (the liveness timeout by
-        default)."""
+        refused it, :class:`EngineGoneError` at once if the engine's process (``process``)
+        exited, else after ``timeout_s`` (the liveness timeout by default)."""
         if self._refused is not None:
             raise self._refused
         if self._welcomed.is_set():
             return
+        if self.process is not None and self.process.poll() is not None:
+            raise hop.EngineGoneError(f"the engine process exited ({self.process.returncode})")
         wait_s = self.liveness_timeout_s if timeout_s is None else timeout_s
         try:
             async with asyncio.timeout(wait_s):

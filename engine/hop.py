@@ -218,7 +218,8 @@ class Outputs:
     items: list[tuple[str, bytes]]
 
 
-Stats: TypeAlias = dict[str, float | int | str]
+Stats: TypeAlias = dict[str, Any]
+"""Counters by name: numbers, and the engine's session and policy as strings."""
 FrontendMessage: TypeAlias = Hello | Add | RidMessage | Bare
 """What a frontend sends (the engine parses it with :func:`parse_from_frontend`)."""
 EngineMessage: TypeAlias = Outputs | Failure | StageTimes | Welcome | Heartbeat | Stats
