@@ -19,7 +19,8 @@ it had reached, so no output is emitted twice. If the request that needs room is
 most recently admitted, it is the one preempted.
 
 A paused request (:meth:`EngineCore.pause`, frontend backpressure) keeps its slot and blocks
-but is skipped by decode iterations (and, if it waits, by admission) until resumed.
+but is skipped by decode iterations (and, if it waits, by admission) until resumed; holding
+blocks, it can be the one preempted.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class RequestRecord:
     ``queue_s``: time spent waiting (from arrival, and again after each preemption);
     ``prefill_s``: time in prefill iterations it was part of (its first and any recompute);
     ``decode_s``: time in decode iterations it was part of; ``stall_s``: time it held a slot
-    while other requests' prefill ran or while paused. For one never preempted,
+    while other requests' prefill ran or while paused. They add up:
     ``e2e_s = queue_s + prefill_s + decode_s + stall_s``."""
 
     rid: str
@@ -340,7 +341,10 @@ class EngineCore:
             self.kv.allocate(live.rid, tokens)
             admitted.append(live)
         for live in admitted:
-            self._waiting.remove(live)
+            if self._waiting[0] is live:  # the usual case: the head of the queue, in order
+                self._waiting.popleft()
+            else:
+                self._waiting.remove(live)
             self._running.append(live)
             live.state = "running"
         return admitted
@@ -350,8 +354,9 @@ class EngineCore:
             live.request.prompt_tokens + live.emitted_tokens for live in admitted
         )
         end_s = now_s + duration_s
+        prefilling = {id(live) for live in admitted}
         for live in self._running:
-            if live not in admitted:
+            if id(live) not in prefilling:
                 live.stall_s += duration_s
         rids = tuple(live.rid for live in admitted)
         self.policy.admitted(rids)  # before any of them can retire in _emit
