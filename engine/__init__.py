@@ -16,6 +16,9 @@ batching measurements simulate::
 - :mod:`~inferwire.engine.kvcache`: paged KV blocks;
 - :mod:`~inferwire.engine.scheduler`: :class:`EngineConfig`, the policies (:data:`POLICIES`)
   and C13's :func:`adaptive_batch` with its load estimate;
+- :mod:`~inferwire.engine.model`: the values in and out (:class:`EngineRequest`,
+  :class:`Output`, :class:`StepResult`, :class:`RequestRecord`); errors in
+  :mod:`~inferwire.engine.errors`, root :class:`EngineError`;
 - :mod:`~inferwire.engine.core`: :class:`EngineCore`, one iteration per :meth:`~EngineCore.step`;
 - :mod:`~inferwire.engine.simulate`: :func:`simulate` a trace on a :class:`VirtualClock`,
   :func:`poisson_trace`.
@@ -34,7 +37,7 @@ for gamma arrivals; the errors :class:`InvalidRequestError`, :class:`RequestTooL
 """
 
 from .clock import Clock, RealClock, VirtualClock
-from .core import EngineCore, EngineRequest, Output, RequestRecord, StepResult
+from .core import EngineCore
 from .errors import (
     DuplicateRequestError,
     EngineError,
@@ -43,6 +46,7 @@ from .errors import (
     RequestTooLargeError,
 )
 from .kvcache import KVCache
+from .model import EngineRequest, Output, RequestRecord, StepResult
 from .scheduler import (
     POLICIES,
     EngineConfig,

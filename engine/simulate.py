@@ -17,8 +17,9 @@ import numpy as np
 from inferwire.codecs import TokenChunk
 
 from .clock import VirtualClock
-from .core import EngineCore, EngineRequest, RequestRecord, StepResult
+from .core import EngineCore
 from .errors import EngineFullError
+from .model import EngineRequest, RequestRecord, StepResult
 from .scheduler import EngineConfig
 
 
