@@ -22,8 +22,9 @@ statically: the whole batch is prefilled, then decoded for the output length):
   time (batch x output / throughput) minus its modelled prefill, spread over its decode steps,
   gives a measured mean step time at a known batch and KV size; a least-squares fit of the
   three decode parameters to the four runs gives ``decode_base_s`` = 5.13 ms,
-  ``decode_per_seq_s`` = 14.5 us, ``decode_per_kv_token_s`` = 74.3 ns. It reproduces three runs
-  within 1.3% and the 2048 x 128 run within 15% (its prefill dominates).
+  ``decode_per_seq_s`` = 14.5 us, ``decode_per_kv_token_s`` = 74.3 ns. With them the model
+  gives the published throughput within 1% for three runs and 6% low for 80 x 2048 x 128,
+  whose time is mostly prefill (its decode steps come out 15% slow).
 
 The fitted KV term agrees with one derived from memory bandwidth rather than measured: an FP8 KV
 token of this model is 2 x 32 layers x 4096 = 256 KiB, read at the H100 SXM's 3.35 TB/s in

@@ -73,10 +73,18 @@ def test_step_model_defaults_reproduce_the_cited_figures() -> None:
     # TensorRT-LLM, LLaMA 7B, H100 FP8, batch 1: first token 7 ms at 128 tokens, 36 at 2048
     assert model.prefill_s(128) == pytest.approx(0.007, abs=1e-4)
     assert model.prefill_s(2048) == pytest.approx(0.036, abs=1e-4)
-    # 112 x 128 in x 2048 out: 6,818 tokens/s; the fit gives the run's time within 1.3%
-    steps = sum(model.decode_step_s(112, 112 * (128 + j)) for j in range(1, 2048))
-    total_s = model.prefill_s(112 * 128) + steps
-    assert 112 * 2048 / total_s == pytest.approx(6818, rel=0.013)
+    # static batches of batch x input x output: published output tokens/s, and the tolerance
+    for batch, tokens_in, tokens_out, published, rel in [
+        (768, 128, 128, 19_694, 0.01),
+        (112, 128, 2048, 6_818, 0.01),
+        (80, 2048, 128, 2_244, 0.07),
+        (48, 2048, 2048, 2_740, 0.01),
+    ]:
+        steps = sum(
+            model.decode_step_s(batch, batch * (tokens_in + j)) for j in range(1, tokens_out)
+        )
+        total_s = model.prefill_s(batch * tokens_in) + steps
+        assert batch * tokens_out / total_s == pytest.approx(published, rel=rel)
 
 
 @pytest.mark.parametrize(
