@@ -11,9 +11,10 @@ The form is the usual roofline reading of a decoder-only transformer:
 
 Defaults: fitted to NVIDIA's published TensorRT-LLM figures for **LLaMA 7B (Llama 2 7B
 architecture: 32 layers, hidden 4096, 32 heads), FP8 weights and FP8 KV cache, one H100 80GB
-HBM3** (TensorRT-LLM ``docs/source/performance.md``, "Peak Throughput" table updated for
-v0.6.1 and "Low Latency" table from v0.5; runs of ``gptSessionBenchmark``, which batches
-statically: the whole batch is prefilled, then decoded for the output length):
+HBM3** (github.com/NVIDIA/TensorRT-LLM, ``docs/source/performance.md`` at commit 138f96d4:
+its "Peak Throughput" table updated for v0.6.1 and "Low Latency" table from v0.5; runs of
+``gptSessionBenchmark``, which batches statically: the whole batch is prefilled, then decoded
+for the output length):
 
 - first-token latency at batch 1: 7 ms for 128 input tokens, 36 ms for 2048; the two points
   give ``prefill_per_token_s`` = 29 ms / 1920 tokens = 15.1 us and ``prefill_fixed_s`` = 5.07 ms;
