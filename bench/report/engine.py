@@ -317,6 +317,7 @@ def _stages_table(found: list[dict[str, Any]]) -> str:
             str(i["requests"]),
             *(_stage_cell(i, s) for s in SPLIT_STAGES),
             " / ".join(f"{i['serialization_ms'][p]:.2f}" for p in SERIALIZATION_PARTS),
+            _ms(i.get("engine_overhead_ms", 0.0)),
             _ms(i["e2e_ms"]),
         ]
         for i in found
@@ -328,6 +329,7 @@ def _stages_table(found: list[dict[str, Any]]) -> str:
             "requests",
             *(f"{SPLIT_LABELS[s]} ms (share)" for s in SPLIT_STAGES),
             "engine encode / hop decode / response encode / client decode ms",
+            "engine loop beyond its modelled steps ms (in network + transport)",
             "E2E ms",
         ],
         rows,
@@ -360,6 +362,7 @@ def _sweep_table(info: Mapping[str, Any]) -> str:
                     spread.cell(info, f"{path}.tokens_s", p["tokens_s"], "{:,.0f}".format)
                     + f" ({p['tokens_s_min']:,.0f}-{p['tokens_s_max']:,.0f})",
                     f"{p['frontend_cpu_cores']:.2f}",
+                    f"{p.get('client_cpu_cores', 0.0):.2f}",
                     f"{p['frontend_cpu_us_per_token']:.1f}",
                     _pct(p["serialization_share"]),
                     "yes" if p.get("saturated") else "",
@@ -372,12 +375,23 @@ def _sweep_table(info: Mapping[str, Any]) -> str:
             "offered req/s",
             "tokens/s (trials' range)",
             "frontend CPU (cores)",
+            "load generator CPU (cores)",
             "frontend CPU us/token",
             "serialization share of frontend CPU",
             "saturated",
             "failed",
         ],
         rows,
+    )
+
+
+def _pinning(info: Mapping[str, Any]) -> str:
+    pinned = info.get("pinned")
+    if not pinned:
+        return "no core pinning (fewer than two cores)"
+    return (
+        f"the frontend pinned to core {pinned['frontend']}, the engine and the load generator "
+        f"to core {pinned['engine_and_client']}"
     )
 
 
@@ -500,8 +514,9 @@ def section(raw_dir: Path) -> str:
             "*scheduling + queueing* its wait before admission and its time in the batch while "
             "others' work ran; *serialization* engine encode + frontend hop decode + frontend "
             "response encode + client decode; *network + transport* the rest of its E2E. "
-            "Milliseconds are medians over requests; shares are medians of each request's "
-            f"share. {first.get('method', '')}",
+            "Milliseconds are medians over requests; a share is the stage's total over the "
+            "requests / their total E2E (the shares add up to 100%; the verdicts read them). "
+            f"{first.get('method', '')}",
             "",
             _stages_table(stages),
             "",
@@ -516,7 +531,8 @@ def section(raw_dir: Path) -> str:
             f"engine is not the bottleneck), {sweep['max_tokens']} tokens a request; offered "
             f"rates rising, every codec once per trial in a rotated order within each rate "
             f"({sweep['trials']} trials of {sweep['trial_s']:g} s). Frontend CPU from psutil on "
-            f"its pid. {sweep.get('serialization_method', '')} *saturated*: tokens/s below "
+            f"its pid; {_pinning(sweep)}. {sweep.get('serialization_method', '')} *saturated*: "
+            "tokens/s below "
             f"{sweep['saturation_gain']:.0%} of the offered tokens or the frontend at "
             f"{sweep['saturation_cores']:g} core.",
             "",
