@@ -30,7 +30,8 @@ Beyond the shared contract of issue 17: :class:`EngineRequest`'s ``arrival_s`` m
 field: all time spent waiting), ``prefill_s``, ``decode_s``, ``stall_s``;
 :meth:`EngineCore.next_wakeup_s` (the static policy's fill timeout: when to call ``step`` again
 with nothing new), :meth:`EngineCore.pop_record`; :class:`EngineConfig` fields
-``admit_batch``, ``adaptive_target_step_s``, ``adaptive_ewma_alpha``, ``keep_records``;
+``admit_batch``, ``max_prefill_tokens``, ``adaptive_target_step_s``, ``adaptive_ewma_alpha``,
+``keep_records`` (and ``max_batch`` defaults to 256, vLLM's ``max_num_seqs``, not 64);
 :class:`SimResult` ``rejected``, ``output_tokens``, ``percentiles``; ``poisson_trace(cv=...)``
 for gamma arrivals; the errors :class:`InvalidRequestError`, :class:`RequestTooLargeError`,
 :class:`DuplicateRequestError` under :class:`EngineError`.

@@ -233,15 +233,23 @@ class EngineCore:
     def _admit(self, admission: Admission) -> list[_Live]:
         limit = min(admission.limit, self.config.max_batch - len(self._running))
         admitted: list[_Live] = []
+        prefill_tokens = 0
         for live in self._waiting:
             if len(admitted) >= limit:
                 break
             if live.paused or (admission.only is not None and live.rid not in admission.only):
                 continue
-            tokens = live.request.prompt_tokens + live.emitted_tokens + live.next_tokens()
-            if not self.kv.can_allocate(tokens):
+            tokens = live.request.prompt_tokens + live.emitted_tokens
+            if (
+                admission.max_tokens is not None
+                and admitted
+                and prefill_tokens + tokens > admission.max_tokens
+            ):
+                break
+            if not self.kv.can_allocate(tokens + live.next_tokens()):
                 break  # first come, first served: nobody overtakes the head of the queue
-            self.kv.allocate(live.rid, tokens)
+            self.kv.allocate(live.rid, tokens + live.next_tokens())
+            prefill_tokens += tokens
             admitted.append(live)
         for live in admitted:
             if self._waiting[0] is live:  # the usual case: the head of the queue, in order

@@ -6,8 +6,9 @@ prefill: each :meth:`~inferwire.engine.EngineCore.step` is *either* a prefill it
 requests admitted now *or* one decode step of every running, unpaused request; prefill goes
 first whenever the policy admits someone. A policy only says how many waiting requests an
 iteration may admit (and, for ``static``, which); the core takes them first come, first served,
-up to the free slots (``max_batch``) and the KV blocks free, and stops at the first request
-that does not fit (head-of-line, as vLLM's FCFS queue).
+up to the free slots (``max_batch``), the KV blocks free and (except ``static``) the prefill
+token budget ``max_prefill_tokens``, and stops at the first request that does not fit
+(head-of-line, as vLLM's FCFS queue).
 
 - ``static``: request-level batching. With no batch running it waits until ``max_batch``
   requests wait or the oldest has waited ``static_timeout_s``, then admits up to ``max_batch``
@@ -59,6 +60,10 @@ class EngineConfig:
     """``static``: the longest the oldest waiting request waits for a batch to fill."""
     admit_batch: int | None = None
     """``continuous``: most requests one prefill iteration admits (``None``: no cap)."""
+    max_prefill_tokens: int | None = None
+    """``continuous``, ``adaptive``: most tokens one prefill iteration computes, as vLLM's
+    ``max_num_batched_tokens`` (``None``: no cap; a longer request is prefilled alone).
+    ``static`` prefills its whole batch at once."""
     adaptive_bmax: int = 32
     """``adaptive``: ``Bmax``, the most requests one prefill iteration admits."""
     adaptive_target_step_s: float = 0.025
@@ -78,10 +83,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an integer of at least 1")
         if type(self.keep_records) is not int or self.keep_records < 0:
             raise ValueError("keep_records must be a non-negative integer")
-        if self.admit_batch is not None and (
-            type(self.admit_batch) is not int or self.admit_batch < 1
-        ):
-            raise ValueError("admit_batch must be None or an integer of at least 1")
+        for name in ("admit_batch", "max_prefill_tokens"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"{name} must be None or an integer of at least 1")
         if not math.isfinite(self.static_timeout_s) or self.static_timeout_s < 0:
             raise ValueError("static_timeout_s must be a finite, non-negative number")
         if not math.isfinite(self.adaptive_target_step_s) or self.adaptive_target_step_s <= 0:
@@ -161,10 +166,12 @@ class QueueView:
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """At most ``limit`` waiting requests may be admitted now; only those in ``only`` if set."""
+    """At most ``limit`` waiting requests may be admitted now, only those in ``only`` if set,
+    with at most ``max_tokens`` tokens to prefill among them (beyond the first) if set."""
 
     limit: int
     only: frozenset[str] | None = None
+    max_tokens: int | None = None
 
 
 class Policy:
@@ -233,7 +240,10 @@ class ContinuousPolicy(Policy):
 
     def admission(self, view: QueueView) -> Admission:
         cap = self.config.admit_batch
-        return Admission(self.config.max_batch if cap is None else cap)
+        return Admission(
+            self.config.max_batch if cap is None else cap,
+            max_tokens=self.config.max_prefill_tokens,
+        )
 
 
 class AdaptivePolicy(Policy):
@@ -247,7 +257,10 @@ class AdaptivePolicy(Policy):
 
     def admission(self, view: QueueView) -> Admission:
         load = self.estimator.load(view.decodable, view.decodable_kv_tokens)
-        return Admission(adaptive_batch(view.waiting, load, self.config.adaptive_bmax))
+        return Admission(
+            adaptive_batch(view.waiting, load, self.config.adaptive_bmax),
+            max_tokens=self.config.max_prefill_tokens,
+        )
 
     def observe(self, predicted_s: float, measured_s: float) -> None:
         self.estimator.observe(predicted_s, measured_s)

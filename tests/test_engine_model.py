@@ -135,6 +135,17 @@ def test_continuous_admission_cap() -> None:
     ]
 
 
+def test_prefill_token_budget() -> None:
+    trace = [request(f"r{i}", 2, prompt=p) for i, p in enumerate((300, 300, 500, 2000, 10))]
+    result = simulate(config(policy="continuous", max_prefill_tokens=1000), trace)
+    assert [s.rids for s in result.steps[:4]] == [
+        ("r0", "r1"),  # 600 tokens; r2's 500 more would pass 1000
+        ("r2",),
+        ("r3",),  # over the budget alone: prefilled alone
+        ("r4",),
+    ]
+
+
 def test_adaptive_admits_by_queue_and_load() -> None:
     # load L = decode_step_s / target = 1 ms / 1 ms = 1 whenever anything runs
     trace = [request(f"r{i}", 2) for i in range(5)]

@@ -232,6 +232,7 @@ def test_bad_requests(args: tuple[object, ...], message: str) -> None:
         {"max_waiting": 0},
         {"max_batch": 2.0},
         {"admit_batch": 0},
+        {"max_prefill_tokens": 0},
         {"adaptive_bmax": 0},
         {"static_timeout_s": -1.0},
         {"adaptive_target_step_s": 0.0},
@@ -313,6 +314,7 @@ def traces(draw: st.DrawFn) -> list[EngineRequest]:
     kv_blocks=st.integers(10, 24),
     block_tokens=st.sampled_from([1, 2, 4]),
     admit_batch=st.one_of(st.none(), st.integers(1, 3)),
+    max_prefill_tokens=st.one_of(st.none(), st.integers(1, 30)),
 )
 def test_every_request_gets_its_chunks_once_in_order(
     trace: list[EngineRequest],
@@ -321,6 +323,7 @@ def test_every_request_gets_its_chunks_once_in_order(
     kv_blocks: int,
     block_tokens: int,
     admit_batch: int | None,
+    max_prefill_tokens: int | None,
 ) -> None:
     config = EngineConfig(
         policy=policy,  # type: ignore[arg-type]
@@ -328,6 +331,7 @@ def test_every_request_gets_its_chunks_once_in_order(
         kv_blocks=kv_blocks,
         block_tokens=block_tokens,
         admit_batch=admit_batch,
+        max_prefill_tokens=max_prefill_tokens,
         adaptive_bmax=2,
         static_timeout_s=0.01,
     )
