@@ -26,7 +26,7 @@ batching measurements simulate::
 Beyond the shared contract of issue 17: :class:`EngineRequest`'s ``arrival_s`` may be ``None``
 (stamped at ``add``); :meth:`StepModel.prefill_batch_s`; :class:`StepResult` also has ``kind``
 ("prefill" or "decode"), ``rids`` (the requests computed), ``kv_blocks_used`` and ``end_s``;
-:class:`RequestRecord` also has ``chunks``, ``prompt_tokens`` and the split ``queue_s`` (a
+:class:`RequestRecord` also has ``output_chunks``, ``prompt_tokens`` and the split ``queue_s`` (a
 field: all time spent waiting), ``prefill_s``, ``decode_s``, ``stall_s``;
 :meth:`EngineCore.next_wakeup_s` (the static policy's fill timeout: when to call ``step`` again
 with nothing new), :meth:`EngineCore.pop_record`; :class:`EngineConfig` fields

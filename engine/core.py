@@ -82,7 +82,7 @@ class _Live:
             "stall_s": self.stall_s,
             "preemptions": self.preemptions,
             "tokens": self.emitted_tokens,
-            "chunks": self.next_index,
+            "output_chunks": self.next_index,
             "prompt_tokens": self.request.prompt_tokens,
         }
 
@@ -97,7 +97,7 @@ class _Live:
             first_token_s=self.first_token_s,
             finished_s=self.finished_s,
             tokens=self.emitted_tokens,
-            chunks=self.next_index,
+            output_chunks=self.next_index,
             prompt_tokens=self.request.prompt_tokens,
             preemptions=self.preemptions,
             queue_s=self.queue_s,
@@ -374,7 +374,7 @@ class EngineCore:
         ``paused``, and its times so far (engine clock, seconds; ``None`` where not reached):
         ``arrival_s``, ``first_scheduled_s``, ``first_token_s``, ``finished_s``, and the split
         of :class:`RequestRecord` (``queue_s``, ``prefill_s``, ``decode_s``, ``stall_s``),
-        ``preemptions``, ``tokens``, ``chunks``. Finished and aborted requests are kept (the
+        ``preemptions``, ``tokens``, ``output_chunks``. Finished and aborted requests are kept (the
         last ``keep_records``) until :meth:`pop_record`. Unknown id: ``KeyError``."""
         live = self._live.get(rid) or self._done.get(rid)
         if live is None:

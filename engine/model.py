@@ -78,7 +78,8 @@ class StepResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRecord:
-    """A finished request's times (engine clock, seconds) and counts.
+    """A finished request's times (engine clock, seconds) and counts: ``tokens`` and
+    ``output_chunks`` emitted, ``preemptions`` suffered.
 
     ``queue_s``: time spent waiting (from arrival, and again after each preemption);
     ``prefill_s``: time in prefill iterations it was part of (its first and any recompute);
@@ -92,7 +93,7 @@ class RequestRecord:
     first_token_s: float
     finished_s: float
     tokens: int
-    chunks: int
+    output_chunks: int
     prompt_tokens: int
     preemptions: int
     queue_s: float

@@ -326,7 +326,7 @@ def test_request_times_split() -> None:
     assert b.first_scheduled_s == pytest.approx(0.010)  # after A's prefill
     assert b.queue_s == pytest.approx(0.006)
     assert b.tokens == 2
-    assert b.chunks == 2
+    assert b.output_chunks == 2
 
 
 def test_request_times_while_running_and_after() -> None:
