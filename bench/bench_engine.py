@@ -21,41 +21,51 @@ each its own process, loopback), see :mod:`inferwire.bench.procs.engine_stack`:
 - ``bench_hop_sweep``: output tokens/s against offered rate per hop codec, codecs interleaved
   within each rate step, until the frontend's core saturates.
 
-Every request's length and prompt come from a seeded draw (:func:`request_shapes`): batching
-policies differ exactly where lengths differ (a static batch waits for its longest member).
-Every benchmark records whether every stream arrived whole (``correct``). Under
-``--benchmark-disable`` every run is cut to a fraction of a second.
+Every request's length and prompt come from a seeded draw
+(:func:`~inferwire.bench.measure.engine_runs.request_shapes`): batching policies differ exactly
+where lengths differ (a static batch waits for its longest member). Every benchmark records
+whether every stream arrived whole (``correct``). Under ``--benchmark-disable`` every run is
+cut to a fraction of a second.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import inspect
-import math
-from collections.abc import Iterator, Sequence
+import os
+import time
+from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
+import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
-import inferwire.transports as it
 from inferwire import engine
 from inferwire.bench.loadgen import metrics, openloop
-from inferwire.bench.loadgen.arrivals import Arrival, arrival_offsets_ns
+from inferwire.bench.measure.engine_runs import (
+    DISTINCT_STREAMS,
+    OUTPUT_TOKENS,
+    PROMPT_TOKENS,
+    SEED,
+    SERVICE,
+    WORKLOAD,
+    RequestShape,
+    TimedTarget,
+    capacity_rps,
+    doc_paragraph,
+    encode_s_per_chunk,
+    generate_request,
+    request_key,
+    request_shapes,
+    request_split_s,
+    sim_figures,
+    step_model_info,
+    trace,
+    unique_shapes,
+)
 from inferwire.bench.procs import engine_stack, server_process
-from inferwire.engine import steps as steps_module
 from inferwire.transports import loops
-from inferwire.workloads import token_stream_source
-
-WORKLOAD: Final = "stream-256"
-OUTPUT_TOKENS: Final = (16, 128)
-"""Each request's output length, uniform in this range (inclusive), seeded."""
-PROMPT_TOKENS: Final = (32, 512)
-"""Each request's prompt length, uniform in this range (inclusive), seeded."""
-DISTINCT_STREAMS: Final = 32
-"""Requests reuse the chunks of this many seeds (their lengths still differ): building a
-workload per request would cost more than the simulation."""
-SEED: Final = 17
 
 C8_RATE_RPS: Final = 50.0
 C8_REQUESTS: Final = 4000
@@ -73,123 +83,6 @@ C13_BMAX: Final = engine.EngineConfig().adaptive_bmax
 C13_SLOTS: Final = engine.EngineConfig().max_batch
 
 QUICK_REQUESTS: Final = 60
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class RequestShape:
-    output_tokens: int
-    prompt_tokens: int
-    seed: int
-
-
-def request_shapes(count: int, seed: int = SEED) -> list[RequestShape]:
-    """Seeded output and prompt lengths, uniform in :data:`OUTPUT_TOKENS` and
-    :data:`PROMPT_TOKENS`; the chunks' seed cycles over :data:`DISTINCT_STREAMS`."""
-    rng = np.random.default_rng(seed)
-    outputs = rng.integers(OUTPUT_TOKENS[0], OUTPUT_TOKENS[1] + 1, size=count)
-    prompts = rng.integers(PROMPT_TOKENS[0], PROMPT_TOKENS[1] + 1, size=count)
-    return [
-        RequestShape(int(o), int(p), i % DISTINCT_STREAMS)
-        for i, (o, p) in enumerate(zip(outputs, prompts, strict=True))
-    ]
-
-
-def generate_request(shape: RequestShape) -> it.GenerateRequest:
-    return it.GenerateRequest(
-        workload=WORKLOAD,
-        seed=shape.seed,
-        max_tokens=shape.output_tokens,
-        prompt_tokens=shape.prompt_tokens,
-    )
-
-
-_SERVICE: Final = it.SimulatedService(token_stream_source, cache_size=DISTINCT_STREAMS)
-
-
-def trace(
-    rate_rps: float,
-    count: int,
-    *,
-    arrival: Arrival = "poisson",
-    burstiness: float = 1.0,
-    seed: int = SEED,
-) -> list[engine.EngineRequest]:
-    """A seeded trace: arrivals from the load generator's schedules, lengths from
-    :func:`request_shapes`."""
-    offsets_ns = arrival_offsets_ns(
-        rate_rps, arrival=arrival, burstiness=burstiness, seed=seed, requests=count
-    )
-    shapes = request_shapes(len(offsets_ns), seed)
-    return [
-        engine.EngineRequest(
-            rid=f"r{i}",
-            chunks=_SERVICE.chunks(generate_request(shape)),
-            prompt_tokens=shape.prompt_tokens,
-            arrival_s=float(offset) / 1e9,
-        )
-        for i, (offset, shape) in enumerate(zip(offsets_ns.tolist(), shapes, strict=True))
-    ]
-
-
-def _tokens(request: engine.EngineRequest) -> int:
-    return sum(len(chunk.token_ids) for chunk in request.chunks)
-
-
-def percentiles_ms(values_s: Sequence[float]) -> dict[str, float]:
-    """P50, P90 and P99 in milliseconds."""
-    data = np.asarray(values_s, dtype=np.float64) * 1e3
-    return {f"p{q:g}_ms": float(np.percentile(data, q)) for q in (50, 90, 99)}
-
-
-def sim_figures(
-    result: engine.SimResult, requests: Sequence[engine.EngineRequest]
-) -> dict[str, Any]:
-    """What one simulated run shows, and whether every request got exactly its tokens."""
-    records = result.records
-    decode_batches = [s.batch_size for s in result.steps if s.outputs]
-    expected = {r.rid: _tokens(r) for r in requests}
-    whole = (
-        len(records) == len(requests)
-        and not result.rejected
-        and {r.rid: r.tokens for r in records} == expected
-    )
-    return {
-        "requests": len(records),
-        "output_tokens": int(sum(r.tokens for r in records)),
-        "duration_s": float(result.duration_s),
-        "throughput_tok_s": float(result.throughput_tok_s),
-        "throughput_rps": len(records) / result.duration_s if result.duration_s else 0.0,
-        "ttft": percentiles_ms([r.ttft_s for r in records]),
-        "e2e": percentiles_ms([r.e2e_s for r in records]),
-        "queue": percentiles_ms([r.queue_s for r in records]),
-        "tpot": percentiles_ms(
-            [(r.e2e_s - r.ttft_s) / (r.tokens - 1) for r in records if r.tokens > 1]
-        ),
-        "mean_batch": float(np.mean(decode_batches)) if decode_batches else 0.0,
-        "steps": len(result.steps),
-        "preemptions": int(sum(r.preemptions for r in records)),
-        "correct": bool(whole),
-    }
-
-
-def step_model_info(step: engine.StepModel) -> dict[str, Any]:
-    """The step model's parameters and the measurement its defaults come from (the paragraph
-    of :mod:`inferwire.engine.steps` that cites it)."""
-    return {
-        "parameters": {f.name: getattr(step, f.name) for f in dataclasses.fields(step)},
-        "source": _doc_paragraph(steps_module, mentions=("Defaults",)),
-    }
-
-
-def _doc_paragraph(obj: object, *, mentions: Sequence[str] = ()) -> str:
-    """The first paragraph of ``obj``'s docstring that mentions every word of ``mentions``
-    (the first paragraph when none is asked for), on one line."""
-    doc = inspect.getdoc(obj) or ""
-    paragraphs = [" ".join(p.split()) for p in doc.split("\n\n") if p.strip()]
-    for paragraph in paragraphs:
-        if all(word in paragraph for word in mentions):
-            return paragraph
-    return paragraphs[0] if paragraphs else ""
 
 
 def quick(benchmark: Any) -> bool:
@@ -244,20 +137,6 @@ def _config_info(config: engine.EngineConfig) -> dict[str, Any]:
     }
 
 
-def capacity_rps(step: engine.StepModel, max_batch: int) -> float:
-    """Requests/s the engine completes when it always runs a full batch of the trace's mean
-    request (prefill, then decode steps at the mean KV size): the saturation rate the C13
-    traces are set against."""
-    mean_out = (OUTPUT_TOKENS[0] + OUTPUT_TOKENS[1]) / 2
-    mean_prompt = (PROMPT_TOKENS[0] + PROMPT_TOKENS[1]) / 2
-    kv_tokens = max_batch * (mean_prompt + mean_out / 2)
-    per_request_s = (
-        step.prefill_s(round(mean_prompt))
-        + mean_out * step.decode_step_s(max_batch, round(kv_tokens)) / max_batch
-    )
-    return 1.0 / per_request_s
-
-
 def c13_configs(step: engine.StepModel) -> dict[str, engine.EngineConfig]:
     """Adaptive (admitting B = min(Bmax, ceil(Q / (1 + L))) per prefill iteration), then
     continuous batching admitting at most a fixed number per prefill iteration (and uncapped),
@@ -272,7 +151,7 @@ def c13_configs(step: engine.StepModel) -> dict[str, engine.EngineConfig]:
         configs[f"continuous admit {size}"] = engine.EngineConfig(
             policy="continuous", max_batch=C13_SLOTS, admit_batch=size, step=step
         )
-    configs["continuous uncapped"] = engine.EngineConfig(
+    configs[f"continuous uncapped ({C13_SLOTS} slots)"] = engine.EngineConfig(
         policy="continuous", max_batch=C13_SLOTS, step=step
     )
     for size in C13_STATIC_SIZES:
@@ -325,20 +204,12 @@ def bench_c13_batch_sizes(benchmark: Any, default_step: engine.StepModel, shape:
         fixed_sizes=[*C13_ADMIT_SIZES, *C13_STATIC_SIZES],
         step=step_model_info(default_step),
         l_definition=" ".join(
-            _doc_paragraph(engine.LoadEstimator, mentions=(word,)) for word in ("EWMA", "P99")
+            doc_paragraph(engine.LoadEstimator, mentions=(word,)) for word in ("EWMA", "P99")
         ),
         configs=figures,
         correct=all(f["correct"] for f in figures.values()),
     )
     assert benchmark.extra_info["correct"], figures
-
-
-def iter_rates(start: float, factor: float, stop: float) -> Iterator[float]:
-    """``start``, ``start * factor``, ... up to ``stop`` (included when reached exactly)."""
-    rate = start
-    while rate <= stop * (1 + 1e-9):
-        yield rate
-        rate = math.floor(rate * factor)
 
 
 # -- through the real stack ---------------------------------------------------------------------
@@ -442,3 +313,276 @@ def bench_c8_stack(benchmark: Any, policy: str) -> None:
         and metrics.integrity_violations(point["integrity"]) == 0,
     )
     assert benchmark.extra_info["correct"], point["errors"]
+
+
+STAGES_RATE_RPS: Final = 20.0
+STAGES_WINDOW_S: Final = 10.0
+STAGES_WARMUP_S: Final = 1.0
+STAGES_HOPS: Final = ("msgspec-msgpack", "pickle", "orjson")
+
+
+@pytest.mark.parametrize("hop", STAGES_HOPS)
+def bench_engine_stages(benchmark: Any, hop: str) -> None:
+    """A request's time through client -> frontend -> engine, split into compute, scheduling
+    and queueing, serialization and network (see :func:`request_split_s`), at a moderate rate
+    with the default step model and continuous batching."""
+    window = 1.0 if quick(benchmark) else STAGES_WINDOW_S
+    warmup = 0.0 if quick(benchmark) else STAGES_WARMUP_S
+    spec = openloop.LoadSpec(duration_s=warmup + window, warmup_s=warmup, seed=SEED)
+    shapes = unique_shapes(int((warmup + window) * STAGES_RATE_RPS * 2) + 16)
+    records: list[metrics.RequestRecord] = []
+    with engine_stack.EngineStack(hop, "--policy", "continuous", stage_log=True) as stack:
+        target = TimedTarget(stack.address)
+        before = stack.counters()["client"]
+
+        def run() -> dict[str, Any]:
+            return _drive(
+                stack.address,
+                spec,
+                STAGES_RATE_RPS,
+                shapes,
+                target=target,
+                on_record=records.append,
+            )
+
+        point = benchmark.pedantic(run, rounds=1, iterations=1)
+        after = stack.counters()["client"]
+        lines = {(r["seed"], r["max_tokens"], r["prompt_tokens"]): r for r in stack.stage_lines()}
+    chunks = after["chunks_decoded"] - before["chunks_decoded"]
+    hop_decode_per_chunk_s = (after["decode_ns"] - before["decode_ns"]) / max(chunks, 1) / 1e9
+    requests = [generate_request(shape) for shape in shapes]
+    splits = []
+    for record in records:
+        key = request_key(requests[record.index])
+        if record.measured and record.ok and key in lines and key in target.timings:
+            timing = target.timings[key]
+            splits.append(
+                request_split_s(lines[key], timing, record.e2e_ms / 1e3, hop_decode_per_chunk_s)
+            )
+    measured = [r for r in records if r.measured]
+    benchmark.group = "engine: per-stage split (real stack)"
+    totals = {name: sum(s[name] for s in splits) for name in splits[0]} if splits else {}
+    e2e_total = totals.get("e2e", 0.0) or 1.0
+    benchmark.extra_info.update(
+        op="engine-stages",
+        hop_codec=hop,
+        frontend_transport="http1",
+        frontend_codec="orjson",
+        policy="continuous",
+        rate_rps=STAGES_RATE_RPS,
+        window_s=window,
+        requests=len(splits),
+        step=step_model_info(engine.StepModel()),
+        stages_ms={
+            s: _median_ms(splits, s) for s in ("compute", "scheduling", "serialization", "network")
+        },
+        shares={
+            s: totals.get(s, 0.0) / e2e_total
+            for s in ("compute", "scheduling", "serialization", "network")
+        },
+        median_shares={
+            s: float(np.median([x[s] / x["e2e"] for x in splits])) if splits else 0.0
+            for s in ("compute", "scheduling", "serialization", "network")
+        },
+        serialization_ms={
+            s: _median_ms(splits, s)
+            for s in ("engine_encode", "hop_decode", "response_encode", "client_decode")
+        },
+        engine_overhead_ms=_median_ms(splits, "engine_overhead"),
+        e2e_ms=_median_ms(splits, "e2e"),
+        hop_decode_us_per_chunk=hop_decode_per_chunk_s * 1e6,
+        method=(
+            "Sources: the engine's END_STATS per request (queue, prefill, decode, batch wait, "
+            "encode), the frontend's hop decode time per chunk over the run (its engine "
+            "client's counter) times the request's chunks, the frontend's response encode "
+            "(the server's per-chunk stamps) and the client's decode (its read stamps); "
+            "*network + transport* is the E2E less all of those, so it holds the engine "
+            "loop's own time beyond its modelled steps (`engine_overhead_ms`), both event "
+            "loops and the sockets."
+        ),
+        correct=len(splits) == len(measured)
+        and point["requests_failed"] == 0
+        and metrics.integrity_violations(point["integrity"]) == 0,
+    )
+    assert benchmark.extra_info["correct"], (len(splits), len(measured), point["errors"])
+
+
+def _median_ms(splits: Sequence[dict[str, float]], name: str) -> float:
+    return float(np.median([s[name] for s in splits])) * 1e3 if splits else 0.0
+
+
+SWEEP_HOPS: Final = ("msgspec-msgpack", "protobuf", "delta", "pickle", "orjson")
+JSON_HOP: Final = "orjson"
+SWEEP_RATES: Final = (50.0, 100.0, 200.0, 400.0, 600.0, 800.0)
+SWEEP_TOKENS: Final = 64
+SWEEP_PROMPT_TOKENS: Final = 128
+SWEEP_TRIALS: Final = 3
+SWEEP_TRIAL_S: Final = 1.5
+SWEEP_STEP_SCALE: Final = 0.01
+"""The engine's step times x 0.01 (a 5 ms decode step in 51 us): the engine is not what limits."""
+SATURATION_GAIN: Final = 0.9
+"""A point whose tokens/s is below 90% of the offered tokens/s did not keep up."""
+SATURATION_CORES: Final = 0.95
+
+
+def _sweep_trial(
+    stack: engine_stack.EngineStack,
+    rate: float,
+    seed: int,
+    trial_s: float,
+    shapes: Sequence[RequestShape],
+    encode_per_chunk_s: float,
+) -> dict[str, Any]:
+    """One point against one stack: tokens/s (the point's), and over the whole drive (warm-up
+    included, for CPU and chunks alike) the frontend's CPU, its serialization share, and the
+    CPU of the engine and of this process (the load generator)."""
+    spec = openloop.LoadSpec(duration_s=trial_s, seed=seed)
+    meters = {
+        "frontend": psutil.Process(stack.frontend_pid),
+        "engine": psutil.Process(stack.engine.pid),
+        "client": psutil.Process(),
+    }
+    before = stack.counters()["client"]
+    cpu_before = {name: _cpu_s(p) for name, p in meters.items()}
+    started = time.perf_counter()
+    point = _drive(stack.address, spec, rate, shapes)
+    wall_s = time.perf_counter() - started
+    cpu = {name: _cpu_s(p) - cpu_before[name] for name, p in meters.items()}
+    after = stack.counters()["client"]
+    chunks = after["chunks_decoded"] - before["chunks_decoded"]
+    hop_decode_s = (after["decode_ns"] - before["decode_ns"]) / 1e9
+    serialization_s = hop_decode_s + encode_per_chunk_s * chunks
+    return {
+        "tokens_s": point["output_token_throughput_tps"],
+        "offered_tokens_s": rate * SWEEP_TOKENS,
+        "frontend_cpu_cores": cpu["frontend"] / wall_s,
+        "engine_cpu_cores": cpu["engine"] / wall_s,
+        "client_cpu_cores": cpu["client"] / wall_s,
+        "frontend_cpu_us_per_token": cpu["frontend"] / max(chunks, 1) * 1e6,
+        "hop_decode_us_per_chunk": hop_decode_s / max(chunks, 1) * 1e6,
+        "serialization_share": serialization_s / cpu["frontend"] if cpu["frontend"] > 0 else 0.0,
+        "failed": point["requests_failed"],
+        "violations": metrics.integrity_violations(point["integrity"]),
+    }
+
+
+def _cpu_s(process: Any) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def _summary(trials: list[dict[str, Any]], rate: float, shared_core: bool) -> dict[str, Any]:
+    """A codec's point at one rate: the median trial's figures, with the trials' range;
+    ``saturated`` when it fell short of the offered tokens or the frontend used its core,
+    ``other_core_busy`` when the engine and the load generator (sharing the other core when
+    pinned) used it."""
+    tokens = [t["tokens_s"] for t in trials]
+    median = {
+        name: float(np.median([t[name] for t in trials]))
+        for name in trials[0]
+        if name not in ("failed", "violations")
+    }
+    others = median["engine_cpu_cores"] + median["client_cpu_cores"]
+    return {
+        "rate_rps": rate,
+        **median,
+        "tokens_s_min": min(tokens),
+        "tokens_s_max": max(tokens),
+        "trials_tokens_s": tokens,
+        "saturated": median["tokens_s"] < SATURATION_GAIN * rate * SWEEP_TOKENS
+        or median["frontend_cpu_cores"] >= SATURATION_CORES,
+        "other_core_busy": shared_core and others >= SATURATION_CORES,
+        "failed": sum(t["failed"] for t in trials),
+        "violations": sum(t["violations"] for t in trials),
+    }
+
+
+def bench_hop_sweep(benchmark: Any) -> None:
+    """Output tokens/s against offered rate per hop codec: the frontend serves http1 SSE
+    (OpenAI JSON, orjson) and the engine runs continuous batching at step scale
+    :data:`SWEEP_STEP_SCALE`; the frontend is pinned to one core, the engine and the load
+    generator to the other. At each rate every codec runs once per trial, the order rotated
+    each trial, so the machine's drift falls on all alike; the sweep stops at the first rate
+    at which every codec saturated."""
+    rates = SWEEP_RATES[1:2] if quick(benchmark) else SWEEP_RATES
+    trials = 1 if quick(benchmark) else SWEEP_TRIALS
+    trial_s = 0.3 if quick(benchmark) else SWEEP_TRIAL_S
+    shapes = [
+        RequestShape(SWEEP_TOKENS, SWEEP_PROMPT_TOKENS, i % DISTINCT_STREAMS)
+        for i in range(DISTINCT_STREAMS)
+    ]
+    chunks = SERVICE.chunks(generate_request(shapes[0]))
+    cores = server_process.split_cores()
+    own_cores = os.sched_getaffinity(0)
+    points: dict[str, dict[str, dict[str, Any]]] = {hop: {} for hop in SWEEP_HOPS}
+    encode_us: list[float] = []
+    options = ("--policy", "continuous", "--step-scale", str(SWEEP_STEP_SCALE))
+    with contextlib.ExitStack() as running:
+        stacks = {
+            hop: running.enter_context(engine_stack.EngineStack(hop, *options))
+            for hop in SWEEP_HOPS
+        }
+        if cores is not None:
+            for stack in stacks.values():
+                server_process.pin_threads(stack.frontend_pid, cores[0])
+                server_process.pin_threads(stack.engine.pid, cores[1])
+            os.sched_setaffinity(0, {cores[1]})
+
+        def run() -> None:
+            for rate in rates:
+                encode_per_chunk_s = encode_s_per_chunk("orjson", chunks)
+                encode_us.append(encode_per_chunk_s * 1e6)
+                per_trial: dict[str, list[dict[str, Any]]] = {hop: [] for hop in SWEEP_HOPS}
+                for trial in range(trials):
+                    shift = trial % len(SWEEP_HOPS)
+                    for hop in SWEEP_HOPS[shift:] + SWEEP_HOPS[:shift]:
+                        per_trial[hop].append(
+                            _sweep_trial(
+                                stacks[hop], rate, SEED + trial, trial_s, shapes, encode_per_chunk_s
+                            )
+                        )
+                for hop, found in per_trial.items():
+                    points[hop][f"{rate:g}"] = _summary(found, rate, cores is not None)
+                # past this rate nothing more is learnt about the frontend
+                if all(
+                    points[hop][f"{rate:g}"]["saturated"]
+                    or points[hop][f"{rate:g}"]["other_core_busy"]
+                    for hop in SWEEP_HOPS
+                ):
+                    break
+
+        try:
+            benchmark.pedantic(run, rounds=1, iterations=1)
+        finally:
+            os.sched_setaffinity(0, own_cores)
+    benchmark.group = "engine: hop codec sweep (real stack)"
+    benchmark.extra_info.update(
+        op="hop-sweep",
+        frontend_transport="http1",
+        frontend_codec="orjson",
+        policy="continuous",
+        step_scale=SWEEP_STEP_SCALE,
+        max_tokens=SWEEP_TOKENS,
+        prompt_tokens=SWEEP_PROMPT_TOKENS,
+        trials=trials,
+        trial_s=trial_s,
+        rates=list(rates),
+        json_hop=JSON_HOP,
+        saturation_gain=SATURATION_GAIN,
+        saturation_cores=SATURATION_CORES,
+        pinned={"frontend": cores[0], "engine_and_client": cores[1]} if cores else None,
+        response_encode_us_per_chunk=float(np.median(encode_us)),
+        serialization_method=(
+            "Serialization share: the frontend's hop decode time (its engine client's counter) "
+            "plus its response encode (orjson SSE, one chunk's encode measured in the "
+            "benchmark's process at each rate, times the chunks served), over the frontend's "
+            "CPU time, both over the same trials."
+        ),
+        points=points,
+        correct=all(
+            p["failed"] == 0 and p["violations"] == 0
+            for by_rate in points.values()
+            for p in by_rate.values()
+        ),
+    )
+    assert benchmark.extra_info["correct"], points

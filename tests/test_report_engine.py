@@ -243,16 +243,21 @@ def _stages(codec: str, serialization: float) -> dict[str, Any]:
     }
 
 
-def _point(rate: float, tokens: float, saturated: bool) -> dict[str, Any]:
+def _point(
+    rate: float, tokens: float, saturated: bool, busy: bool = False, us: float = 20.0
+) -> dict[str, Any]:
     return {
         "rate_rps": rate,
         "tokens_s": tokens,
         "tokens_s_min": tokens * 0.9,
         "tokens_s_max": tokens * 1.1,
         "frontend_cpu_cores": 0.5,
-        "frontend_cpu_us_per_token": 20.0,
+        "engine_cpu_cores": 0.4,
+        "client_cpu_cores": 0.3,
+        "frontend_cpu_us_per_token": us,
         "serialization_share": 0.3,
         "saturated": saturated,
+        "other_core_busy": busy,
         "failed": 0,
     }
 
@@ -272,7 +277,10 @@ def _sweep() -> dict[str, Any]:
         "saturation_cores": 0.95,
         "points": {
             "orjson": {"50": _point(50, 3000, False), "100": _point(100, 4000, True)},
-            "msgspec-msgpack": {"50": _point(50, 3200, False), "100": _point(100, 6400, False)},
+            "msgspec-msgpack": {
+                "50": _point(50, 3200, False),
+                "100": _point(100, 6400, False, busy=True, us=10.0),
+            },
         },
         "correct": True,
     }
@@ -340,17 +348,27 @@ def test_section_has_every_table_and_the_plot(tmp_path: Path) -> None:
         ],
     )
     text = engine.section(raw_dir)
-    for heading in ("(C8)", "(C13)", "client -> frontend -> engine", "by hop codec"):
+    for heading in ("(C8)", "(C13)", "client -> frontend -> engine", "by hop codec", "| busy |"):
         assert heading in text
     assert (
-        "`msgspec-msgpack` peaks at 6,400 tokens/s (not saturated, 1.60x the `orjson` hop's)"
-        in (text)
-    )
-    assert "`orjson` peaks at 4,000 tokens/s (saturated from 100 req/s)" in text
+        "`msgspec-msgpack`: peak 6,400 tokens/s (the frontend did not saturate: the engine + "
+        "load generator core was busy from 100 req/s); at the last rate 10.0 us of frontend "
+        "CPU a token, 30% of it serialization, so one frontend core would carry about "
+        "100,000 tokens/s; 2.00x the tokens a frontend core carries over the `orjson` hop"
+    ) in text
+    assert "`orjson`: peak 4,000 tokens/s (the frontend saturated from 100 req/s)" in text
     assert "Defaults: fitted to" in text
     paths = engine.plot(raw_dir, tmp_path)
     assert [p.name for p in paths] == ["engine_sweep.png"]
     assert paths[0].stat().st_size > 0
+
+
+def test_sweep_outcomes_read_the_first_saturated_rate() -> None:
+    outcomes = engine.sweep_outcomes(_sweep())
+    assert outcomes["orjson"].saturated_from_rps == 100
+    assert outcomes["msgspec-msgpack"].saturated_from_rps is None
+    assert outcomes["msgspec-msgpack"].other_core_from_rps == 100
+    assert outcomes["msgspec-msgpack"].core_tokens_s == pytest.approx(100_000)
 
 
 def test_no_section_without_the_raw_file(tmp_path: Path) -> None:

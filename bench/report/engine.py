@@ -7,6 +7,7 @@ client -> frontend -> engine, the hop codec sweep and its plot; and the rows of 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -339,14 +340,39 @@ def _stages_table(found: list[dict[str, Any]]) -> str:
 # -- the hop codec sweep ----------------------------------------------------------------------
 
 
-def sweep_peaks(info: Mapping[str, Any]) -> dict[str, tuple[float, float | None]]:
-    """Per codec: its highest median tokens/s, and the lowest offered rate at which the
-    frontend saturated (None if it never did in the sweep)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepOutcome:
+    """What one hop codec's sweep shows."""
+
+    peak_tokens_s: float
+    saturated_from_rps: float | None
+    """The lowest offered rate at which the frontend fell short or used its core."""
+    other_core_from_rps: float | None
+    """The lowest offered rate at which the engine + load generator core was busy."""
+    last_us_per_token: float
+    """The frontend's CPU per token at the highest rate run."""
+    last_serialization_share: float
+
+    @property
+    def core_tokens_s(self) -> float:
+        """Tokens/s one frontend core would carry at the last rate's CPU per token (an
+        extrapolation: per-token cost still falls as the rate rises)."""
+        return 1e6 / self.last_us_per_token if self.last_us_per_token else 0.0
+
+
+def sweep_outcomes(info: Mapping[str, Any]) -> dict[str, SweepOutcome]:
     out = {}
     for codec, points in info["points"].items():
-        peak = max(p["tokens_s"] for p in points.values())
-        saturated = [p["rate_rps"] for p in points.values() if p.get("saturated")]
-        out[codec] = (peak, min(saturated) if saturated else None)
+        ordered = sorted(points.values(), key=lambda p: p["rate_rps"])
+        saturated = [p["rate_rps"] for p in ordered if p.get("saturated")]
+        busy = [p["rate_rps"] for p in ordered if p.get("other_core_busy")]
+        out[codec] = SweepOutcome(
+            peak_tokens_s=max(p["tokens_s"] for p in ordered),
+            saturated_from_rps=saturated[0] if saturated else None,
+            other_core_from_rps=busy[0] if busy else None,
+            last_us_per_token=ordered[-1]["frontend_cpu_us_per_token"],
+            last_serialization_share=ordered[-1]["serialization_share"],
+        )
     return out
 
 
@@ -362,10 +388,11 @@ def _sweep_table(info: Mapping[str, Any]) -> str:
                     spread.cell(info, f"{path}.tokens_s", p["tokens_s"], "{:,.0f}".format)
                     + f" ({p['tokens_s_min']:,.0f}-{p['tokens_s_max']:,.0f})",
                     f"{p['frontend_cpu_cores']:.2f}",
-                    f"{p.get('client_cpu_cores', 0.0):.2f}",
+                    f"{p.get('engine_cpu_cores', 0.0):.2f} + {p.get('client_cpu_cores', 0.0):.2f}",
                     f"{p['frontend_cpu_us_per_token']:.1f}",
                     _pct(p["serialization_share"]),
-                    "yes" if p.get("saturated") else "",
+                    "frontend" if p.get("saturated") else "",
+                    "busy" if p.get("other_core_busy") else "",
                     str(p["failed"]),
                 ]
             )
@@ -375,10 +402,11 @@ def _sweep_table(info: Mapping[str, Any]) -> str:
             "offered req/s",
             "tokens/s (trials' range)",
             "frontend CPU (cores)",
-            "load generator CPU (cores)",
+            "engine + load generator CPU (cores)",
             "frontend CPU us/token",
             "serialization share of frontend CPU",
             "saturated",
+            "other core",
             "failed",
         ],
         rows,
@@ -396,15 +424,33 @@ def _pinning(info: Mapping[str, Any]) -> str:
 
 
 def _sweep_summary(info: Mapping[str, Any]) -> str:
-    peaks = sweep_peaks(info)
+    outcomes = sweep_outcomes(info)
     json_codec = info.get("json_hop", "orjson")
-    base = peaks.get(json_codec, (0.0, None))[0]
+    base = outcomes.get(json_codec)
     parts = []
-    for codec, (peak, rate) in peaks.items():
-        vs = f", {_x(peak / base)} the `{json_codec}` hop's" if base and codec != json_codec else ""
-        at = f"saturated from {rate:g} req/s" if rate is not None else "not saturated"
-        parts.append(f"`{codec}` peaks at {peak:,.0f} tokens/s ({at}{vs})")
-    return "; ".join(parts) + "."
+    for codec, o in outcomes.items():
+        if o.saturated_from_rps is not None:
+            at = f"the frontend saturated from {o.saturated_from_rps:g} req/s"
+        elif o.other_core_from_rps is not None:
+            at = (
+                "the frontend did not saturate: the engine + load generator core was busy from "
+                f"{o.other_core_from_rps:g} req/s"
+            )
+        else:
+            at = "the frontend did not saturate in the sweep"
+        vs = ""
+        if base is not None and codec != json_codec and o.last_us_per_token:
+            vs = (
+                f"; {_x(base.last_us_per_token / o.last_us_per_token)} the tokens a frontend "
+                f"core carries over the `{json_codec}` hop"
+            )
+        parts.append(
+            f"`{codec}`: peak {o.peak_tokens_s:,.0f} tokens/s ({at}); at the last rate "
+            f"{o.last_us_per_token:.1f} us of frontend CPU a token, "
+            f"{_pct(o.last_serialization_share)} of it serialization, so one frontend core "
+            f"would carry about {o.core_tokens_s:,.0f} tokens/s{vs}"
+        )
+    return "\n".join(f"- {part}." for part in parts)
 
 
 def plot(raw_dir: Path, out_dir: Path) -> list[Path]:
@@ -528,13 +574,18 @@ def section(raw_dir: Path) -> str:
             "",
             f"Frontend `{sweep['frontend_transport']}` SSE (`{sweep['frontend_codec']}` to the "
             f"client), engine `{sweep['policy']}` at step scale {sweep['step_scale']:g} (so the "
-            f"engine is not the bottleneck), {sweep['max_tokens']} tokens a request; offered "
-            f"rates rising, every codec once per trial in a rotated order within each rate "
-            f"({sweep['trials']} trials of {sweep['trial_s']:g} s). Frontend CPU from psutil on "
-            f"its pid; {_pinning(sweep)}. {sweep.get('serialization_method', '')} *saturated*: "
-            "tokens/s below "
-            f"{sweep['saturation_gain']:.0%} of the offered tokens or the frontend at "
-            f"{sweep['saturation_cores']:g} core.",
+            f"engine's modelled steps do not limit), {sweep['max_tokens']} tokens a request; "
+            "offered rates rising, every codec once per trial in a rotated order within each "
+            f"rate ({sweep['trials']} trials of {sweep['trial_s']:g} s; each cell the median "
+            f"trial, tokens/s with the trials' range). CPU from psutil on each pid; "
+            f"{_pinning(sweep)}. {sweep.get('serialization_method', '')} *saturated*: tokens/s "
+            f"below {sweep['saturation_gain']:.0%} of the offered tokens, or the frontend at "
+            f"{sweep['saturation_cores']:g} core; *other core busy*: the engine and the load "
+            f"generator together at {sweep['saturation_cores']:g} core, where the sweep stops "
+            "learning about the frontend (it stops at the first rate where every codec is "
+            "saturated or its other core busy). Per-token CPU falls as the rate rises (more "
+            "chunks per read and write), so the one-core figures below are extrapolations from "
+            "the last rate run.",
             "",
             _sweep_summary(sweep),
             "",
