@@ -54,6 +54,7 @@ PING_INTERVAL_S: Final = 0.15
 LIVENESS_TIMEOUT_S: Final = 5.0
 HIGH_WATER: Final = 256
 LOW_WATER: Final = 64
+_PING_BACKLOG: Final = 16
 _log = logging.getLogger(__name__)
 
 
@@ -349,7 +350,8 @@ class EngineClient:
     async def _pinger(self) -> None:
         while True:
             await asyncio.sleep(self.ping_interval_s)
-            self._send(hop.ping())
+            if self._outbox.qsize() < _PING_BACKLOG:  # a dead engine reads none of them
+                self._send(hop.ping())
             if self.process is not None and self.process.poll() is not None:
                 self._lost(f"the engine process exited ({self.process.returncode})")
             elif (

@@ -74,6 +74,9 @@ LIVENESS_TIMEOUT_S: Final = 3.0
 SOCKET_HWM: Final = 10_000
 """Messages queued per peer before ZeroMQ pushes back (both directions, both sockets)."""
 _DRAIN_AT_ONCE: Final = 10_000
+_BLOCKED_POLL_S: Final = 0.002
+"""How often a frontend's outbox is retried while the engine has nothing else to do (a ROUTER
+socket cannot say which peer became writable)."""
 _USAGE_ERROR: Final = 2
 
 
@@ -142,12 +145,18 @@ class EngineLoop:
                 "outputs_sent",
                 "messages_sent",
                 "encode_ns",
+                "outbox_waits",
             ),
             0,
         )
 
     def stop(self) -> None:
         self._stopping = True
+
+    @property
+    def _blocked(self) -> bool:
+        """Whether some frontend's messages wait in its outbox."""
+        return any(frontend.outbox for frontend in self._frontends.values())
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -160,7 +169,7 @@ class EngineLoop:
             if result is None:
                 # idle, all paused, or a static batch waiting to fill: until a message comes,
                 # the policy's next wake-up, or the next heartbeat is due
-                wait_s = self.heartbeat_interval_s
+                wait_s = self.heartbeat_interval_s if not self._blocked else _BLOCKED_POLL_S
                 wakeup_s = core.next_wakeup_s() if core.has_work() else None
                 if wakeup_s is not None:
                     wait_s = min(wait_s, max(0.0, wakeup_s - core.clock.now()))
@@ -372,6 +381,7 @@ class EngineLoop:
             self._drop(frontend, "disconnected")
         elif not sent:
             frontend.outbox.append(frames)
+            self.counters["outbox_waits"] += 1
             for request in frontend.requests.values():
                 self.core.pause(request.key)
 
@@ -426,7 +436,7 @@ class EngineLoop:
         for frontend in list(self._frontends.values()):
             if now_s - frontend.last_heard_s > self.liveness_timeout_s:
                 self._drop(frontend, f"not heard from for {self.liveness_timeout_s} s")
-            elif now_s - frontend.last_sent_s >= self.heartbeat_interval_s:
+            elif not frontend.outbox and now_s - frontend.last_sent_s >= self.heartbeat_interval_s:
                 self._send(frontend, self._heartbeat())
 
     def _drop(self, frontend: _Frontend, why: str) -> None:
@@ -509,7 +519,7 @@ def engine_command(args: argparse.Namespace) -> int:
         return _USAGE_ERROR
     context = zmq.Context()
     socket = context.socket(zmq.ROUTER)
-    configure(socket)
+    configure(socket, hwm=args.hwm)
     socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unroutable frontend is an error, not a drop
     try:
         try:
@@ -606,6 +616,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_float,
         default=HEARTBEAT_INTERVAL_S,
         help="seconds between heartbeats to an idle frontend",
+    )
+    parser.add_argument(
+        "--hwm",
+        type=_positive_int,
+        default=SOCKET_HWM,
+        help="messages ZeroMQ queues per frontend each way before it pushes back",
     )
     parser.add_argument(
         "--liveness-timeout",

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -397,3 +398,49 @@ def test_a_vanished_frontend_has_its_requests_freed(
         frontend.wait(WAIT_S)
         if frontend.stdout is not None:
             frontend.stdout.close()
+
+
+def test_a_frontend_that_stops_reading_loses_no_frame(
+    engine_factory: Callable[..., EngineProcess], endpoint: str
+) -> None:
+    """The engine's socket to it fills (high-water mark 1): its messages wait in the engine's
+    outbox and its requests are paused, never dropped; once it reads, every stream is whole."""
+    engine_factory("--endpoint", endpoint, "--hwm", "1", "--liveness-timeout", "60", *FAST)
+    codec = hop_codec("msgspec-msgpack")
+    workload = "stream-2048-top5"  # about 1 MB a stream on the hop: more than socket buffers
+    context = zmq.Context()
+    raw = context.socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.setsockopt(zmq.RCVHWM, 1)
+    raw.setsockopt(zmq.RCVTIMEO, int(WAIT_S * 1000))
+    raw.connect(endpoint)
+    try:
+        raw.send_multipart(hop.hello("raw", codec.name))
+        assert isinstance(hop.parse_from_engine(raw.recv_multipart()), hop.Welcome)
+        decoders = {}
+        for seed in range(4):
+            rid = f"r{seed}"
+            raw.send_multipart(hop.add(hop.Add(rid=rid, workload=workload, seed=seed)))
+            decoders[rid] = codec.stream_decoder()
+        time.sleep(2.0)  # not reading: the engine's sends back up
+        chunks: dict[str, list[ic.TokenChunk]] = {rid: [] for rid in decoders}
+        stats_asked = False
+        while not all(d.finished for d in decoders.values()):
+            message = hop.parse_from_engine(raw.recv_multipart())
+            if isinstance(message, hop.Outputs):
+                for rid, frame in message.items:
+                    chunks[rid] += decoders[rid].feed(frame)
+            if not stats_asked:
+                raw.send_multipart(hop.stats_query())
+                stats_asked = True
+        for seed in range(4):
+            decoders[f"r{seed}"].close()
+            assert chunks[f"r{seed}"] == expected(workload, seed)
+        raw.send_multipart(hop.stats_query())
+        while not isinstance(stats := hop.parse_from_engine(raw.recv_multipart()), dict):
+            pass
+        assert stats["outbox_waits"] > 0
+        assert stats["requests_finished"] == 4
+    finally:
+        raw.close(linger=0)
+        context.term()

@@ -55,6 +55,11 @@ class EngineService(SimulatedService):
         self.last_stage_times: dict[str, float] | None = None
         """The stage times of the stream that ended last (with ``stage_times``)."""
 
+    def hop_stats(self) -> dict[str, int]:
+        """The frontend's side of the hop (:meth:`EngineClient.stats`): ``decode_ns``, the time
+        spent decoding the engine's frames, ``chunks_decoded``, PAUSE and RESUME sent, ..."""
+        return self.client.stats()
+
     async def batches(
         self, stream: TokenStream, *, max_chunks: int = MAX_BATCH_CHUNKS
     ) -> AsyncGenerator[list[TokenChunk], None]:
