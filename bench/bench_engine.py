@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 import time
 from collections.abc import Sequence
@@ -53,7 +54,6 @@ from inferwire.bench.measure.engine_runs import (
     RequestShape,
     TimedTarget,
     capacity_rps,
-    doc_paragraph,
     encode_s_per_chunk,
     generate_request,
     request_key,
@@ -203,9 +203,8 @@ def bench_c13_batch_sizes(benchmark: Any, default_step: engine.StepModel, shape:
         slots=C13_SLOTS,
         fixed_sizes=[*C13_ADMIT_SIZES, *C13_STATIC_SIZES],
         step=step_model_info(default_step),
-        l_definition=" ".join(
-            doc_paragraph(engine.LoadEstimator, mentions=(word,)) for word in ("EWMA", "P99")
-        ),
+        adaptive_target_step_ms=engine.EngineConfig().adaptive_target_step_s * 1e3,
+        l_definition=" ".join((inspect.getdoc(engine.LoadEstimator) or "").split()),
         configs=figures,
         correct=all(f["correct"] for f in figures.values()),
     )

@@ -13,6 +13,7 @@ from inferwire.bench.report import claims, engine
 from inferwire.bench.report.engine_verdicts import (
     BatchFigures,
     Split,
+    c4_cpu_verdict,
     c4_verdict,
     c8_verdict,
     c9_verdict,
@@ -92,6 +93,14 @@ def _split(compute: float, scheduling: float, serialization: float) -> Split:
 )
 def test_c4_verdict_band(serialization: float, starts: str) -> None:
     assert c4_verdict(_split(0.3, 0.1, serialization)).startswith(starts)
+
+
+def test_c4_cpu_verdict_groups_codecs_by_band() -> None:
+    verdict = c4_cpu_verdict({"delta": 0.05, "protobuf": 0.10, "msgpack": 0.25, "orjson": 0.3})
+    assert verdict == (
+        "in the range with `protobuf`, `msgpack`; above it with `orjson`; below it with `delta`"
+    )
+    assert c4_cpu_verdict({}) == "not measured"
 
 
 @pytest.mark.parametrize(
@@ -324,8 +333,18 @@ def test_split_rows_judge_the_largest_serialization_share(tmp_path: Path) -> Non
     c4 = _claim(tmp_path, "C4")
     assert c4[4] == "through the engine: holds through the engine at this rate"
     assert "5% (`msgspec-msgpack` hop) to 12% (`orjson`)" in c4[3]
+    assert "frontend's CPU" not in c4[4]  # no sweep in this run
     c10 = _claim(tmp_path, "C10")
     assert c10[4] == "through the engine: does not hold: compute is the largest stage here"
+
+
+def test_c4_adds_the_sweep_share_of_frontend_cpu(tmp_path: Path) -> None:
+    _write(tmp_path, [_stages("orjson", 0.12), _sweep()])
+    c4 = _claim(tmp_path, "C4")
+    assert "of the frontend's CPU: `orjson` hop 30%, `msgspec-msgpack` hop 30%" in c4[3]
+    assert c4[4].endswith(
+        "of the frontend's CPU at high throughput: above it with `orjson`, `msgspec-msgpack`"
+    )
 
 
 def test_claims_without_the_engine_run_say_so(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from .engine_verdicts import (
     C13_THROUGHPUT_GAIN,
     BatchFigures,
     Split,
+    c4_cpu_verdict,
     c4_verdict,
     c8_verdict,
     c9_verdict,
@@ -250,7 +251,8 @@ def c13_row(raw_dir: Path) -> list[str]:
         f"Bmax {first['bmax']}; fixed sizes {', '.join(map(str, first['fixed_sizes']))} "
         f"(continuous and static); published {C13_THROUGHPUT_GAIN:g}x and P99 "
         f"{C13_P99_BEFORE_MS:g} -> {C13_P99_AFTER_MS:g} ms, a gain of {C13_GAIN_HOLDS:g}x or "
-        f"more counted as holding. L: {first.get('l_definition', '?')}"
+        f"more counted as holding. L (target step {first.get('adaptive_target_step_ms', 0):g} "
+        f"ms): {first.get('l_definition', '?')}"
     )
     return [conditions, "; ".join(parts), "; ".join(verdicts)]
 
@@ -279,7 +281,7 @@ def split_rows(raw_dir: Path) -> dict[str, list[str]] | None:
         f"client (http1 SSE, `{info['frontend_codec']}`) -> frontend -> engine (hop codecs "
         f"{', '.join(sorted({'`' + i['hop_codec'] + '`' for i in found}))}; "
         f"`{info['policy']}` batching, default step model) at {info['rate_rps']:g} req/s, "
-        f"{info['requests']} requests; medians of per-request shares of E2E"
+        f"{info['requests']} requests; each stage's total over the requests / their total E2E"
     )
     shares = "; ".join(
         f"`{i['hop_codec']}` hop: "
@@ -293,8 +295,23 @@ def split_rows(raw_dir: Path) -> dict[str, list[str]] | None:
         f"serialization {_pct(low['shares']['serialization'])} (`{low['hop_codec']}` hop) to "
         f"{_pct(info['shares']['serialization'])} (`{info['hop_codec']}`) of a request's E2E"
     )
+    c4 = [conditions, serialization, c4_verdict(split)]
+    sweep = _one(raw_dir, "hop-sweep")
+    if sweep is not None:
+        at_top = {codec: o.last_serialization_share for codec, o in sweep_outcomes(sweep).items()}
+        top = max(
+            max(p["rate_rps"] for p in points.values()) for points in sweep["points"].values()
+        )
+        c4[0] += (
+            f"; and of the frontend's CPU in the hop codec sweep at its highest rate ({top:g} "
+            f"req/s, {sweep['max_tokens']} tokens a request, a fast engine)"
+        )
+        c4[1] += "; of the frontend's CPU: " + ", ".join(
+            f"`{codec}` hop {_pct(share)}" for codec, share in at_top.items()
+        )
+        c4[2] += "; of the frontend's CPU at high throughput: " + c4_cpu_verdict(at_top)
     return {
-        "C4": [conditions, serialization, c4_verdict(split)],
+        "C4": c4,
         "C9": [
             conditions,
             f"serialization + network {_pct(split.serialization + split.network)} "

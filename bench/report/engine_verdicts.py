@@ -131,6 +131,21 @@ def c4_verdict(split: Split) -> str:
     return "does not hold through the engine: above the range"
 
 
+def c4_cpu_verdict(shares: Mapping[str, float]) -> str:
+    """C4 read as the frontend's CPU share in serialization, per hop codec: which codecs' share
+    falls in 10-25%, above or below."""
+    groups: dict[str, list[str]] = {"in the range": [], "above it": [], "below it": []}
+    for codec, share in shares.items():
+        if _within(share, C4_BAND):
+            groups["in the range"].append(f"`{codec}`")
+        elif share > C4_BAND[1]:
+            groups["above it"].append(f"`{codec}`")
+        else:
+            groups["below it"].append(f"`{codec}`")
+    parts = [f"{where} with {', '.join(codecs)}" for where, codecs in groups.items() if codecs]
+    return "; ".join(parts) if parts else "not measured"
+
+
 def c9_verdict(split: Split) -> str:
     """Preprocessing + network I/O at 35-48%: read as serialization + network (the request's
     parse and encode are its preprocessing here; no tokenizer is modelled)."""
