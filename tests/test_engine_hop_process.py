@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -444,3 +445,87 @@ def test_a_frontend_that_stops_reading_loses_no_frame(
     finally:
         raw.close(linger=0)
         context.term()
+
+
+class FakeEngine:
+    """A ROUTER in a thread that welcomes a frontend and answers each ADD with what
+    ``answer(rid, n)`` returns (the n-th ADD): an engine that sends hostile bytes."""
+
+    def __init__(
+        self, endpoint: str, codec: str, answer: Callable[[bytes, int], list[list[bytes]]]
+    ) -> None:
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(endpoint)
+        self.codec = codec
+        self.answer = answer
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        adds = 0
+        while not self.stopping.is_set():
+            if not self.socket.poll(50):
+                continue
+            identity, *frames = self.socket.recv_multipart()
+            message = hop.parse_from_frontend(frames)
+            replies: list[list[bytes]] = []
+            if isinstance(message, hop.Hello):
+                replies = [hop.welcome("fake", self.codec)]
+            elif isinstance(message, hop.Bare) and message.kind == hop.PING:
+                replies = [hop.heartbeat("fake")]
+            elif isinstance(message, hop.Add):
+                replies = self.answer(message.rid.encode(), adds)
+                adds += 1
+            for reply in replies:
+                self.socket.send_multipart([identity, *reply])
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join(WAIT_S)
+        self.socket.close(linger=0)
+        self.context.term()
+
+
+def test_hostile_bytes_from_the_engine_fail_streams_with_typed_errors(
+    event_loop_kind: str, endpoint: str
+) -> None:
+    codec = hop_codec("msgspec-msgpack")
+    chunks = expected()
+
+    def answer(rid: bytes, n: int) -> list[list[bytes]]:
+        encoder = codec.stream_encoder()
+        if n == 0:  # a frame that is not the codec's
+            return [hop.outputs([(rid, b"\x00\x00\x00\x00\x05garbage")])]
+        if n == 1:  # a chunk lost on the way: the end frame's count disagrees
+            first, _lost = encoder.encode(chunks[0]), encoder.encode(chunks[1])
+            return [hop.outputs([(rid, first)]), hop.outputs([(rid, encoder.end())])]
+        if n == 2:  # a whole stream, to show the client still works
+            frames = [encoder.encode(c) for c in chunks[:3]]
+            return [hop.outputs([(rid, b"".join(frames) + encoder.end())])]
+        if n == 3:
+            return []  # left open
+        return [[hop.OUTPUTS, rid]]  # a message that does not parse: every stream may miss it
+
+    fake = FakeEngine(endpoint, codec.name, answer)
+
+    async def main() -> None:
+        async with EngineClient(endpoint, codec) as client:
+            with pytest.raises(hop.StreamFailedError):
+                await drain(await client.open_stream(add()))
+            with pytest.raises(hop.StreamFailedError, match="sent 2 messages, 1 arrived"):
+                await drain(await client.open_stream(add()))
+            assert await drain(await client.open_stream(add())) == chunks[:3]
+            streams = [await client.open_stream(add()) for _ in range(2)]
+            for stream in streams:
+                with pytest.raises(hop.StreamFailedError, match="unreadable"):
+                    await drain(stream)
+            assert client.stats()["open_streams"] == 0
+            assert client.stats()["protocol_errors"] == 1
+
+    try:
+        run(main(), event_loop_kind)
+    finally:
+        fake.close()
