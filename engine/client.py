@@ -68,6 +68,7 @@ class EngineStream:
         "_ended",
         "_error",
         "_wakeup",
+        "decode_ns",
         "decoder",
         "paused",
         "request",
@@ -87,6 +88,8 @@ class EngineStream:
         self.paused = False
         self.stage_times: dict[str, float] | None = None
         """The engine's stage times (END_STATS), when the request asked for them."""
+        self.decode_ns = 0
+        """Time this stream's frames spent in the hop codec's decoder, ns."""
 
     @property
     def rid(self) -> str:
@@ -403,13 +406,17 @@ class EngineClient:
                 if finished:
                     decoder.close()
             except ic.CodecError as exc:
-                self.decode_ns += perf() - started
+                took = perf() - started
+                self.decode_ns += took
+                stream.decode_ns += took
                 self._streams.pop(rid, None)
                 self._send(hop.rid_message(hop.ABORT, rid))
                 self.counters["streams_failed"] += 1
                 stream._fail(hop.StreamFailedError(f"stream {rid}: {exc}"))
                 continue
-            self.decode_ns += perf() - started
+            took = perf() - started
+            self.decode_ns += took
+            stream.decode_ns += took
             self.counters["frames_decoded"] += 1
             self.counters["chunks_decoded"] += len(chunks)
             stream._push(chunks)
@@ -447,9 +454,12 @@ class EngineClient:
         stream._fail(error)
 
     def _lost(self, why: str) -> None:
-        """The engine is gone: every open stream fails; a later engine is greeted anew."""
+        """The engine is gone: every open stream fails; a later engine is greeted anew, in a
+        new session, so an engine that was only silent (paused, swapping) drops the requests
+        of the old one rather than play them to nobody."""
         self.counters["engine_lost"] += 1
         self.engine_session = None
+        self.session = secrets.token_hex(8)
         self._welcomed.clear()
         self._fail_all(hop.EngineGoneError(why))
 

@@ -130,6 +130,8 @@ def test_the_service_streams_through_the_engine_over_tcp(
             assert service.active_streams == 0
             assert service.streams_started == 1
             assert service.last_stage_times is not None
+            assert service.last_stage_times["hop_decode_s"] > 0
+            assert service.hop_stats()["chunks_decoded"] == len(got)
 
     run(main(), event_loop_kind)
 
@@ -188,6 +190,15 @@ def test_an_engine_killed_mid_stream_fails_every_open_stream(
             assert client.stats()["engine_lost"] == 1
             with pytest.raises(hop.EngineGoneError):
                 await client.open_stream(add())  # no engine welcomes it
+            if how == "liveness":
+                # it wakes: the client greets it in a new session, so it drops the old one's
+                os.kill(engine.pid, signal.SIGCONT)
+                await client.wait_ready(WAIT_S)
+                stats = await _until(
+                    client, lambda s: s["requests"] == 0 and s["kv_blocks_used"] == 0
+                )
+                assert stats["requests_aborted"] == len(streams)
+                assert await drain(await client.open_stream(add(3))) == expected(seed=3)
 
     run(main(), event_loop_kind)
 

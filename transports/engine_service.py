@@ -38,7 +38,8 @@ from .service import MAX_BATCH_CHUNKS, SimulatedService, Source, TokenStream
 class EngineService(SimulatedService):
     """:class:`SimulatedService` whose streams the engine behind ``client`` plays (the
     client started by the caller). With ``stage_times``, each request asks the engine for its
-    stage times, kept in :attr:`last_stage_times` (benchmarks read them)."""
+    stage times, kept in :attr:`last_stage_times` (benchmarks read them) with the frontend's
+    own ``hop_decode_s``, the time its frames spent in the hop codec's decoder."""
 
     def __init__(
         self,
@@ -85,7 +86,9 @@ class EngineService(SimulatedService):
             while batch := await engine_stream.next_batch(max_chunks):
                 yield batch
             if engine_stream.stage_times is not None:
-                self.last_stage_times = engine_stream.stage_times
+                times = dict(engine_stream.stage_times)
+                times["hop_decode_s"] = engine_stream.decode_ns / 1e9
+                self.last_stage_times = times
         finally:
             self.active_streams -= 1
             if engine_stream is not None and not engine_stream.done:
