@@ -221,7 +221,8 @@ class EngineClient:
         return self
 
     async def close(self) -> None:
-        """Aborts the open streams, stops the tasks and closes the socket."""
+        """Fails the open streams (:class:`EngineGoneError`; the engine drops their requests
+        when the connection goes), stops the tasks and closes the socket."""
         for stream in list(self._streams.values()):
             stream._fail(hop.EngineGoneError("the frontend's engine client closed"))
         for task in self._tasks:

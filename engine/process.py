@@ -35,9 +35,9 @@ arrival, and again after a preemption), ``prefill_s`` the prefill iterations it 
 ``decode_s`` the decode iterations it was part of (a decode step lasts as long for every
 request in the batch), ``batch_wait_s`` the time it held a batch slot while other requests'
 prefill ran or while paused (the core's ``stall_s``); then ``encode_s``, the engine's
-hop-codec encode time of its frames (measured, ``perf_counter_ns``), ``ttft_s`` arrival to
-first chunk and ``engine_s`` arrival to last chunk (as modelled: the chunk is due at the end of
-its step).
+hop-codec encode time of its frames (measured, ``perf_counter_ns``), ``first_scheduled_s``
+arrival to its first iteration, ``ttft_s`` arrival to first chunk and ``engine_s`` arrival to
+last chunk (as modelled: a chunk is due at the end of its step).
 """
 
 from __future__ import annotations
@@ -353,8 +353,11 @@ class EngineLoop:
         if isinstance(stamps.get("stall_s"), float | int):
             times["batch_wait_s"] = float(stamps["stall_s"])
         arrival = stamps.get("arrival_s")
+        scheduled = stamps.get("first_scheduled_s")
         first = stamps.get("first_token_s")
         done = stamps.get("finished_s")
+        if arrival is not None and scheduled is not None:
+            times["first_scheduled_s"] = scheduled - arrival
         if arrival is not None and first is not None:
             times["ttft_s"] = first - arrival
         if arrival is not None and done is not None:
