@@ -74,6 +74,9 @@ LIVENESS_TIMEOUT_S: Final = 3.0
 SOCKET_HWM: Final = 10_000
 """Messages queued per peer before ZeroMQ pushes back (both directions, both sockets)."""
 _DRAIN_AT_ONCE: Final = 10_000
+_LOGGED_PROTOCOL_ERRORS: Final = 10
+"""Unreadable messages logged (the rest are counted only: a hostile peer cannot flood the
+log)."""
 _BLOCKED_POLL_S: Final = 0.002
 """How often a frontend's outbox is retried while the engine has nothing else to do (a ROUTER
 socket cannot say which peer became writable)."""
@@ -203,6 +206,8 @@ class EngineLoop:
             message = hop.parse_from_frontend(frames)
         except hop.HopProtocolError as exc:
             self.counters["protocol_errors"] += 1
+            if self.counters["protocol_errors"] <= _LOGGED_PROTOCOL_ERRORS:
+                self._log(f"a message that does not parse: {exc}")
             self._send_to(identity, hop.failure("", "protocol", str(exc)))
             return
         if isinstance(message, hop.Hello):
@@ -504,11 +509,21 @@ def _config(args: argparse.Namespace) -> EngineConfig:
     if args.step_scale != 1.0:
         step = step.scaled(args.step_scale)
     options: dict[str, Any] = {"policy": args.policy, "step": step}
-    for name in ("max_batch", "kv_blocks", "block_tokens", "max_waiting", "adaptive_bmax"):
+    for name in (
+        "max_batch",
+        "kv_blocks",
+        "block_tokens",
+        "max_waiting",
+        "admit_batch",
+        "max_prefill_tokens",
+        "adaptive_bmax",
+    ):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if args.static_timeout_ms is not None:
         options["static_timeout_s"] = args.static_timeout_ms / 1000
+    if args.adaptive_target_step_ms is not None:
+        options["adaptive_target_step_s"] = args.adaptive_target_step_ms / 1000
     return EngineConfig(**options)
 
 
@@ -600,7 +615,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="static policy: how long a batch waits to fill",
     )
     parser.add_argument(
+        "--admit-batch",
+        type=_positive_int,
+        help="continuous policy: most requests one prefill iteration admits",
+    )
+    parser.add_argument(
+        "--max-prefill-tokens",
+        type=_positive_int,
+        help="continuous and adaptive: most prompt tokens one prefill iteration computes",
+    )
+    parser.add_argument(
         "--adaptive-bmax", type=_positive_int, help="adaptive policy: the largest batch (Bmax)"
+    )
+    parser.add_argument(
+        "--adaptive-target-step-ms",
+        type=_positive_float,
+        help="adaptive policy: the decode step time that counts as load 1",
     )
     parser.add_argument(
         "--step",

@@ -551,3 +551,26 @@ def test_hostile_bytes_from_the_engine_fail_streams_with_typed_errors(
         run(main(), event_loop_kind)
     finally:
         fake.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--endpoint", "udp://x"), "neither ipc"),
+        (("--endpoint", "tcp://127.0.0.1:x"), "not tcp://HOST:PORT"),
+        (("--step", "no_such_s=1"), "--step no_such_s=1"),
+        (("--step", "decode_base_s=-1"), "--step decode_base_s=-1"),
+        (("--codec", "tensor"), "invalid choice"),
+    ],
+)
+def test_engine_command_mistakes_are_one_line(options: tuple[str, ...], message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "inferwire.engine.process", *options],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
