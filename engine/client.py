@@ -48,7 +48,7 @@ import zmq.asyncio
 import inferwire.codecs as ic
 
 from . import hop
-from .process import SOCKET_HWM, configure
+from .loop import SOCKET_HWM, configure
 
 PING_INTERVAL_S: Final = 0.15
 LIVENESS_TIMEOUT_S: Final = 5.0

@@ -160,7 +160,7 @@ class Failure(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_field
 
 class StageTimes(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     """END_STATS: a request's stages in the engine, seconds (see
-    :mod:`inferwire.engine.process` for their definitions)."""
+    :mod:`inferwire.engine.loop` for their definitions)."""
 
     rid: Rid
     times: dict[Name, float]
