@@ -185,7 +185,7 @@ def test_a_codec_without_token_chunks_is_refused() -> None:
     assert "tensor" not in hop_names()
 
 
-@pytest.mark.parametrize("name", ["msgspec-msgpack", "protobuf", "delta", "orjson", PICKLE])
+@pytest.mark.parametrize("name", hop_names())
 def test_hop_codec_streams_round_trip(name: str) -> None:
     codec = hop_codec(name, allow_pickle=True)
     chunks = list(token_stream_source("stream-256", 3))

@@ -276,3 +276,61 @@ def test_serve_refuses_pickle_unless_allowed(tmp_path: Path) -> None:
     )
     assert refused.returncode == 2
     assert "allow" in refused.stderr
+
+
+def test_serve_refuses_an_engine_of_another_codec(
+    processes: Callable[..., Any], tmp_path: Path
+) -> None:
+    engine = processes("engine", "--endpoint", f"ipc://{tmp_path}/e", "--codec", "protobuf")
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferwire.transports.serve",
+            "serve",
+            "--transport",
+            "tcp",
+            "--engine",
+            engine.endpoint,
+            "--engine-codec",
+            "delta",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert "refused this frontend" in refused.stderr
+    assert "'protobuf'" in refused.stderr
+
+
+def test_a_frontend_started_before_its_engine_serves_once_it_is_up(
+    processes: Callable[..., Any], tmp_path: Path
+) -> None:
+    endpoint = f"ipc://{tmp_path}/e"
+    frontend = processes(
+        "frontend",
+        "http1",
+        endpoint,
+        "msgspec-msgpack",
+        "asyncio",
+        "--engine-liveness-timeout",
+        "1",
+    )
+
+    async def main() -> None:
+        async with it.connect("http1", frontend.address, codec="protobuf") as client:
+            with pytest.raises(it.TransportError):
+                await stream_all(client, 0)  # no engine: the stream fails, it does not hang
+            processes("engine", "--endpoint", endpoint, *FAST)
+            async with asyncio.timeout(WAIT_S):
+                while True:
+                    try:
+                        chunks = await stream_all(client, 1)
+                    except it.TransportError:
+                        continue  # the engine is not up yet
+                    break
+            assert chunks == list(token_stream_source("stream-256", 1))
+
+    run(main(), "asyncio")

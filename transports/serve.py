@@ -195,7 +195,7 @@ async def _engine_service(args: argparse.Namespace) -> tuple[EngineClient, Simul
         raise CommandError("--prefill-ms and --decode-ms pace the local service; the engine paces")
     with needs_extras("--engine"):
         from inferwire.engine.client import EngineClient
-        from inferwire.engine.hop import HopError
+        from inferwire.engine.hop import EngineGoneError, HopError, HopRefusedError
         from inferwire.engine.hop_codecs import hop_codec
 
         from .engine_service import EngineService
@@ -207,6 +207,18 @@ async def _engine_service(args: argparse.Namespace) -> tuple[EngineClient, Simul
         raise CommandError(f"--engine {args.engine}: not ipc://PATH nor tcp://HOST:PORT")
     client = EngineClient(args.engine, codec, liveness_timeout_s=args.engine_liveness_timeout)
     await client.start()
+    try:
+        await client.wait_ready(UPSTREAM_PROBE_TIMEOUT_S)
+    except HopRefusedError as exc:
+        await client.close()
+        raise CommandError(f"the engine at {args.engine} refused this frontend: {exc}") from None
+    except EngineGoneError:
+        # not an error: the engine may start after its frontends (ZeroMQ connects when it does)
+        print(
+            f"inferwire serve: warning: no engine answers at {args.engine} now; each stream "
+            "waits for one up to --engine-liveness-timeout",
+            file=sys.stderr,
+        )
     return client, EngineService(token_stream_source, client)
 
 
