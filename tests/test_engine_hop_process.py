@@ -241,7 +241,7 @@ def test_overload_is_a_typed_error(
 
     async def main() -> None:
         async with EngineClient(endpoint, hop_codec("msgspec-msgpack")) as client:
-            streams = [await client.open_stream(add(seed, max_tokens=8)) for seed in range(6)]
+            streams = [await client.open_stream(add(seed, max_tokens=64)) for seed in range(6)]
             outcomes = await asyncio.gather(*(drain(s) for s in streams), return_exceptions=True)
             overloaded = [o for o in outcomes if isinstance(o, hop.EngineOverloadedError)]
             whole = [o for o in outcomes if isinstance(o, list)]

@@ -208,7 +208,7 @@ def test_an_overloaded_engine_fails_the_streams_it_refused(
     async def main() -> None:
         async with it.connect("http2", frontend.address, codec="protobuf") as client:
             outcomes = await asyncio.gather(
-                *(stream_all(client, seed, max_tokens=8) for seed in range(6)),
+                *(stream_all(client, seed, max_tokens=64) for seed in range(6)),
                 return_exceptions=True,
             )
             failed = [o for o in outcomes if isinstance(o, it.TransportError)]
