@@ -50,8 +50,9 @@ import inferwire.codecs as ic
 from inferwire.workloads import cut_stream, token_stream_source
 
 from . import hop
-from .core import EngineCore, EngineRequest, StepResult
+from .core import EngineCore
 from .errors import EngineFullError, InvalidRequestError
+from .model import EngineRequest, StepResult
 
 HEARTBEAT_INTERVAL_S: Final = 0.15
 LIVENESS_TIMEOUT_S: Final = 3.0
