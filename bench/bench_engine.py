@@ -56,6 +56,7 @@ from inferwire.bench.measure.engine_runs import (
     capacity_rps,
     encode_s_per_chunk,
     generate_request,
+    hop_decode_s_per_chunk,
     request_key,
     request_shapes,
     request_split_s,
@@ -420,7 +421,7 @@ SWEEP_TRIAL_S: Final = 1.5
 SWEEP_STEP_SCALE: Final = 0.01
 """The engine's step times x 0.01 (a 5 ms decode step in 51 us): the engine is not what limits."""
 SATURATION_GAIN: Final = 0.9
-"""A point whose tokens/s is below 90% of the offered tokens/s did not keep up."""
+"""A point whose tokens/s is below 90% of the offered tokens/s fell short (did not keep up)."""
 SATURATION_CORES: Final = 0.95
 
 
@@ -431,6 +432,7 @@ def _sweep_trial(
     trial_s: float,
     shapes: Sequence[RequestShape],
     encode_per_chunk_s: float,
+    isolated_decode_per_chunk_s: float,
 ) -> dict[str, Any]:
     """One point against one stack: tokens/s (the point's), and over the whole drive (warm-up
     included, for CPU and chunks alike) the frontend's CPU, its serialization share, and the
@@ -460,6 +462,11 @@ def _sweep_trial(
         "frontend_cpu_us_per_token": cpu["frontend"] / max(chunks, 1) * 1e6,
         "hop_decode_us_per_chunk": hop_decode_s / max(chunks, 1) * 1e6,
         "serialization_share": serialization_s / cpu["frontend"] if cpu["frontend"] > 0 else 0.0,
+        "serialization_share_isolated": (
+            (isolated_decode_per_chunk_s + encode_per_chunk_s) * chunks / cpu["frontend"]
+            if cpu["frontend"] > 0
+            else 0.0
+        ),
         "failed": point["requests_failed"],
         "violations": metrics.integrity_violations(point["integrity"]),
     }
@@ -472,9 +479,9 @@ def _cpu_s(process: Any) -> float:
 
 def _summary(trials: list[dict[str, Any]], rate: float, shared_core: bool) -> dict[str, Any]:
     """A codec's point at one rate: the median trial's figures, with the trials' range;
-    ``saturated`` when it fell short of the offered tokens or the frontend used its core,
-    ``other_core_busy`` when the engine and the load generator (sharing the other core when
-    pinned) used it."""
+    ``fell_short`` when its tokens/s stayed under :data:`SATURATION_GAIN` of the offered,
+    ``frontend_core_busy`` when the frontend used its core, ``other_core_busy`` when the
+    engine and the load generator (sharing the other core when pinned) used it."""
     tokens = [t["tokens_s"] for t in trials]
     median = {
         name: float(np.median([t[name] for t in trials]))
@@ -488,12 +495,17 @@ def _summary(trials: list[dict[str, Any]], rate: float, shared_core: bool) -> di
         "tokens_s_min": min(tokens),
         "tokens_s_max": max(tokens),
         "trials_tokens_s": tokens,
-        "saturated": median["tokens_s"] < SATURATION_GAIN * rate * SWEEP_TOKENS
-        or median["frontend_cpu_cores"] >= SATURATION_CORES,
+        "fell_short": median["tokens_s"] < SATURATION_GAIN * rate * SWEEP_TOKENS,
+        "frontend_core_busy": median["frontend_cpu_cores"] >= SATURATION_CORES,
         "other_core_busy": shared_core and others >= SATURATION_CORES,
         "failed": sum(t["failed"] for t in trials),
         "violations": sum(t["violations"] for t in trials),
     }
+
+
+def _limited(point: dict[str, Any]) -> bool:
+    """Whether a point reached a limit: short of the offered tokens, or a core busy."""
+    return bool(point["fell_short"] or point["frontend_core_busy"] or point["other_core_busy"])
 
 
 def bench_hop_sweep(benchmark: Any) -> None:
@@ -502,7 +514,7 @@ def bench_hop_sweep(benchmark: Any) -> None:
     :data:`SWEEP_STEP_SCALE`; the frontend is pinned to one core, the engine and the load
     generator to the other. At each rate every codec runs once per trial, the order rotated
     each trial, so the machine's drift falls on all alike; the sweep stops at the first rate
-    at which every codec saturated."""
+    at which every codec reached a limit (fell short, or a core busy)."""
     rates = SWEEP_RATES[1:2] if quick(benchmark) else SWEEP_RATES
     trials = 1 if quick(benchmark) else SWEEP_TRIALS
     trial_s = 0.3 if quick(benchmark) else SWEEP_TRIAL_S
@@ -515,6 +527,7 @@ def bench_hop_sweep(benchmark: Any) -> None:
     own_cores = os.sched_getaffinity(0)
     points: dict[str, dict[str, dict[str, Any]]] = {hop: {} for hop in SWEEP_HOPS}
     encode_us: list[float] = []
+    decode_us: dict[str, list[float]] = {hop: [] for hop in SWEEP_HOPS}
     options = ("--policy", "continuous", "--step-scale", str(SWEEP_STEP_SCALE))
     with contextlib.ExitStack() as running:
         stacks = {
@@ -531,23 +544,28 @@ def bench_hop_sweep(benchmark: Any) -> None:
             for rate in rates:
                 encode_per_chunk_s = encode_s_per_chunk("orjson", chunks)
                 encode_us.append(encode_per_chunk_s * 1e6)
+                isolated = {hop: hop_decode_s_per_chunk(hop, chunks) for hop in SWEEP_HOPS}
+                for hop, decode_s in isolated.items():
+                    decode_us[hop].append(decode_s * 1e6)
                 per_trial: dict[str, list[dict[str, Any]]] = {hop: [] for hop in SWEEP_HOPS}
                 for trial in range(trials):
                     shift = trial % len(SWEEP_HOPS)
                     for hop in SWEEP_HOPS[shift:] + SWEEP_HOPS[:shift]:
                         per_trial[hop].append(
                             _sweep_trial(
-                                stacks[hop], rate, SEED + trial, trial_s, shapes, encode_per_chunk_s
+                                stacks[hop],
+                                rate,
+                                SEED + trial,
+                                trial_s,
+                                shapes,
+                                encode_per_chunk_s,
+                                isolated[hop],
                             )
                         )
                 for hop, found in per_trial.items():
                     points[hop][f"{rate:g}"] = _summary(found, rate, cores is not None)
                 # past this rate nothing more is learnt about the frontend
-                if all(
-                    points[hop][f"{rate:g}"]["saturated"]
-                    or points[hop][f"{rate:g}"]["other_core_busy"]
-                    for hop in SWEEP_HOPS
-                ):
+                if all(_limited(points[hop][f"{rate:g}"]) for hop in SWEEP_HOPS):
                     break
 
         try:
@@ -571,11 +589,17 @@ def bench_hop_sweep(benchmark: Any) -> None:
         saturation_cores=SATURATION_CORES,
         pinned={"frontend": cores[0], "engine_and_client": cores[1]} if cores else None,
         response_encode_us_per_chunk=float(np.median(encode_us)),
+        isolated_hop_decode_us_per_chunk={
+            hop: float(np.median(values)) for hop, values in decode_us.items()
+        },
         serialization_method=(
             "Serialization share: the frontend's hop decode time (its engine client's counter) "
             "plus its response encode (orjson SSE, one chunk's encode measured in the "
             "benchmark's process at each rate, times the chunks served), over the frontend's "
-            "CPU time, both over the same trials."
+            "CPU time, both over the same trials. The counter times each decode by the wall "
+            "clock in place (cold caches between steps included, and any preemption of the "
+            "frontend inside a decode); *isolated* uses instead each hop codec's decode of the "
+            "same frames timed alone in CPU time (warm, a lower bound)."
         ),
         points=points,
         correct=all(

@@ -253,7 +253,7 @@ def _stages(codec: str, serialization: float) -> dict[str, Any]:
 
 
 def _point(
-    rate: float, tokens: float, saturated: bool, busy: bool = False, us: float = 20.0
+    rate: float, tokens: float, short: bool, busy: bool = False, us: float = 20.0
 ) -> dict[str, Any]:
     return {
         "rate_rps": rate,
@@ -264,8 +264,11 @@ def _point(
         "engine_cpu_cores": 0.4,
         "client_cpu_cores": 0.3,
         "frontend_cpu_us_per_token": us,
+        "hop_decode_us_per_chunk": 5.0,
         "serialization_share": 0.3,
-        "saturated": saturated,
+        "serialization_share_isolated": 0.2,
+        "fell_short": short,
+        "frontend_core_busy": False,
         "other_core_busy": busy,
         "failed": 0,
     }
@@ -341,7 +344,9 @@ def test_split_rows_judge_the_largest_serialization_share(tmp_path: Path) -> Non
 def test_c4_adds_the_sweep_share_of_frontend_cpu(tmp_path: Path) -> None:
     _write(tmp_path, [_stages("orjson", 0.12), _sweep()])
     c4 = _claim(tmp_path, "C4")
-    assert "of the frontend's CPU: `orjson` hop 30%, `msgspec-msgpack` hop 30%" in c4[3]
+    assert (
+        "of the frontend's CPU: `orjson` hop 30% at 100 req/s, `msgspec-msgpack` hop 30% at 100"
+    ) in c4[3]
     assert c4[4].endswith(
         "of the frontend's CPU at high throughput: above it with `orjson`, `msgspec-msgpack`"
     )
@@ -367,26 +372,30 @@ def test_section_has_every_table_and_the_plot(tmp_path: Path) -> None:
         ],
     )
     text = engine.section(raw_dir)
-    for heading in ("(C8)", "(C13)", "client -> frontend -> engine", "by hop codec", "| busy |"):
+    for heading in ("(C8)", "(C13)", "client -> frontend -> engine", "by hop codec", "| other |"):
         assert heading in text
     assert (
-        "`msgspec-msgpack`: peak 6,400 tokens/s (the frontend did not saturate: the engine + "
-        "load generator core was busy from 100 req/s); at the last rate 10.0 us of frontend "
-        "CPU a token, 30% of it serialization, so one frontend core would carry about "
+        "`msgspec-msgpack`: peak 6,400 tokens/s at 100 req/s (from 100 req/s the engine + load "
+        "generator core was busy); there 10.0 us of frontend CPU a token, 30% of it "
+        "serialization (20% with the isolated costs), so one frontend core would carry about "
         "100,000 tokens/s; 2.00x the tokens a frontend core carries over the `orjson` hop"
     ) in text
-    assert "`orjson`: peak 4,000 tokens/s (the frontend saturated from 100 req/s)" in text
+    assert (
+        "`orjson`: peak 4,000 tokens/s at 100 req/s (from 100 req/s fell short of the offered "
+        "tokens)"
+    ) in text
     assert "Defaults: fitted to" in text
     paths = engine.plot(raw_dir, tmp_path)
     assert [p.name for p in paths] == ["engine_sweep.png"]
     assert paths[0].stat().st_size > 0
 
 
-def test_sweep_outcomes_read_the_first_saturated_rate() -> None:
+def test_sweep_outcomes_read_the_first_limit_and_the_peak() -> None:
     outcomes = engine.sweep_outcomes(_sweep())
-    assert outcomes["orjson"].saturated_from_rps == 100
-    assert outcomes["msgspec-msgpack"].saturated_from_rps is None
-    assert outcomes["msgspec-msgpack"].other_core_from_rps == 100
+    assert outcomes["orjson"].limit_rps == 100
+    assert outcomes["orjson"].limits == ("fell short of the offered tokens",)
+    assert outcomes["msgspec-msgpack"].limits == ("the engine + load generator core was busy",)
+    assert outcomes["msgspec-msgpack"].peak_rps == 100
     assert outcomes["msgspec-msgpack"].core_tokens_s == pytest.approx(100_000)
 
 

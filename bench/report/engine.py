@@ -246,7 +246,8 @@ def c13_row(raw_dir: Path) -> list[str]:
     first = found[0]
     conditions = (
         f"virtual clock, {first['requests']:,} requests a trace at {first['load']:.0%} of the "
-        f"engine's capacity ({first['capacity_rps']:.1f} req/s at batch {first['bmax']}), "
+        f"engine's capacity ({first['capacity_rps']:.1f} req/s at batch "
+        f"{first.get('slots', first['bmax'])}), "
         f"a Poisson trace and a gamma trace of shape {_burstiness(found)}; "
         f"Bmax {first['bmax']}; fixed sizes {', '.join(map(str, first['fixed_sizes']))} "
         f"(continuous and static); published {C13_THROUGHPUT_GAIN:g}x and P99 "
@@ -298,16 +299,15 @@ def split_rows(raw_dir: Path) -> dict[str, list[str]] | None:
     c4 = [conditions, serialization, c4_verdict(split)]
     sweep = _one(raw_dir, "hop-sweep")
     if sweep is not None:
-        at_top = {codec: o.last_serialization_share for codec, o in sweep_outcomes(sweep).items()}
-        top = max(
-            max(p["rate_rps"] for p in points.values()) for points in sweep["points"].values()
-        )
+        outcomes = sweep_outcomes(sweep)
+        at_top = {codec: o.serialization_share for codec, o in outcomes.items()}
         c4[0] += (
-            f"; and of the frontend's CPU in the hop codec sweep at its highest rate ({top:g} "
-            f"req/s, {sweep['max_tokens']} tokens a request, a fast engine)"
+            "; and of the frontend's CPU in the hop codec sweep at each codec's peak tokens/s "
+            f"({sweep['max_tokens']} tokens a request, a fast engine, the frontend's own counter)"
         )
         c4[1] += "; of the frontend's CPU: " + ", ".join(
-            f"`{codec}` hop {_pct(share)}" for codec, share in at_top.items()
+            f"`{codec}` hop {_pct(o.serialization_share)} at {o.peak_rps:g} req/s"
+            for codec, o in outcomes.items()
         )
         c4[2] += "; of the frontend's CPU at high throughput: " + c4_cpu_verdict(at_top)
     return {
@@ -357,40 +357,57 @@ def _stages_table(found: list[dict[str, Any]]) -> str:
 # -- the hop codec sweep ----------------------------------------------------------------------
 
 
+LIMITS: Final = (
+    ("fell_short", "fell short of the offered tokens"),
+    ("frontend_core_busy", "the frontend's core was busy"),
+    ("other_core_busy", "the engine + load generator core was busy"),
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SweepOutcome:
     """What one hop codec's sweep shows."""
 
     peak_tokens_s: float
-    saturated_from_rps: float | None
-    """The lowest offered rate at which the frontend fell short or used its core."""
-    other_core_from_rps: float | None
-    """The lowest offered rate at which the engine + load generator core was busy."""
-    last_us_per_token: float
-    """The frontend's CPU per token at the highest rate run."""
-    last_serialization_share: float
+    peak_rps: float
+    limit_rps: float | None
+    """The lowest offered rate at which a limit was reached (:data:`LIMITS`)."""
+    limits: tuple[str, ...]
+    """What was reached there, as :data:`LIMITS` says it."""
+    us_per_token: float
+    """The frontend's CPU per token at the peak."""
+    serialization_share: float
+    serialization_share_isolated: float | None
 
     @property
     def core_tokens_s(self) -> float:
-        """Tokens/s one frontend core would carry at the last rate's CPU per token (an
+        """Tokens/s one frontend core would carry at the peak's CPU per token (an
         extrapolation: per-token cost still falls as the rate rises)."""
-        return 1e6 / self.last_us_per_token if self.last_us_per_token else 0.0
+        return 1e6 / self.us_per_token if self.us_per_token else 0.0
 
 
 def sweep_outcomes(info: Mapping[str, Any]) -> dict[str, SweepOutcome]:
     out = {}
     for codec, points in info["points"].items():
         ordered = sorted(points.values(), key=lambda p: p["rate_rps"])
-        saturated = [p["rate_rps"] for p in ordered if p.get("saturated")]
-        busy = [p["rate_rps"] for p in ordered if p.get("other_core_busy")]
+        peak = max(ordered, key=lambda p: p["tokens_s"])
+        limited = [p for p in ordered if any(p.get(key) for key, _ in LIMITS)]
+        first = limited[0] if limited else None
         out[codec] = SweepOutcome(
-            peak_tokens_s=max(p["tokens_s"] for p in ordered),
-            saturated_from_rps=saturated[0] if saturated else None,
-            other_core_from_rps=busy[0] if busy else None,
-            last_us_per_token=ordered[-1]["frontend_cpu_us_per_token"],
-            last_serialization_share=ordered[-1]["serialization_share"],
+            peak_tokens_s=peak["tokens_s"],
+            peak_rps=peak["rate_rps"],
+            limit_rps=first["rate_rps"] if first else None,
+            limits=tuple(text for key, text in LIMITS if first and first.get(key)),
+            us_per_token=peak["frontend_cpu_us_per_token"],
+            serialization_share=peak["serialization_share"],
+            serialization_share_isolated=peak.get("serialization_share_isolated"),
         )
     return out
+
+
+def _limit_cell(p: Mapping[str, Any]) -> str:
+    names = {"fell_short": "short", "frontend_core_busy": "frontend", "other_core_busy": "other"}
+    return ", ".join(name for key, name in names.items() if p.get(key))
 
 
 def _sweep_table(info: Mapping[str, Any]) -> str:
@@ -398,6 +415,7 @@ def _sweep_table(info: Mapping[str, Any]) -> str:
     for codec, points in info["points"].items():
         for key, p in sorted(points.items(), key=lambda kv: kv[1]["rate_rps"]):
             path = f"points.{codec}.{key}"
+            isolated = p.get("serialization_share_isolated")
             rows.append(
                 [
                     f"`{codec}`",
@@ -407,9 +425,10 @@ def _sweep_table(info: Mapping[str, Any]) -> str:
                     f"{p['frontend_cpu_cores']:.2f}",
                     f"{p.get('engine_cpu_cores', 0.0):.2f} + {p.get('client_cpu_cores', 0.0):.2f}",
                     f"{p['frontend_cpu_us_per_token']:.1f}",
-                    _pct(p["serialization_share"]),
-                    "frontend" if p.get("saturated") else "",
-                    "busy" if p.get("other_core_busy") else "",
+                    f"{p['hop_decode_us_per_chunk']:.1f}",
+                    _pct(p["serialization_share"])
+                    + (f" / {_pct(isolated)}" if isolated is not None else ""),
+                    _limit_cell(p),
                     str(p["failed"]),
                 ]
             )
@@ -421,9 +440,9 @@ def _sweep_table(info: Mapping[str, Any]) -> str:
             "frontend CPU (cores)",
             "engine + load generator CPU (cores)",
             "frontend CPU us/token",
-            "serialization share of frontend CPU",
-            "saturated",
-            "other core",
+            "hop decode us/chunk (counter)",
+            "serialization share of frontend CPU (counter / isolated)",
+            "limit reached",
             "failed",
         ],
         rows,
@@ -446,25 +465,25 @@ def _sweep_summary(info: Mapping[str, Any]) -> str:
     base = outcomes.get(json_codec)
     parts = []
     for codec, o in outcomes.items():
-        if o.saturated_from_rps is not None:
-            at = f"the frontend saturated from {o.saturated_from_rps:g} req/s"
-        elif o.other_core_from_rps is not None:
-            at = (
-                "the frontend did not saturate: the engine + load generator core was busy from "
-                f"{o.other_core_from_rps:g} req/s"
-            )
+        if o.limit_rps is not None:
+            limit = f"from {o.limit_rps:g} req/s {' and '.join(o.limits)}"
         else:
-            at = "the frontend did not saturate in the sweep"
+            limit = "no limit reached in the sweep"
+        isolated = (
+            f" ({_pct(o.serialization_share_isolated)} with the isolated costs)"
+            if o.serialization_share_isolated is not None
+            else ""
+        )
         vs = ""
-        if base is not None and codec != json_codec and o.last_us_per_token:
+        if base is not None and codec != json_codec and o.us_per_token:
             vs = (
-                f"; {_x(base.last_us_per_token / o.last_us_per_token)} the tokens a frontend "
-                f"core carries over the `{json_codec}` hop"
+                f"; {_x(base.us_per_token / o.us_per_token)} the tokens a frontend core "
+                f"carries over the `{json_codec}` hop"
             )
         parts.append(
-            f"`{codec}`: peak {o.peak_tokens_s:,.0f} tokens/s ({at}); at the last rate "
-            f"{o.last_us_per_token:.1f} us of frontend CPU a token, "
-            f"{_pct(o.last_serialization_share)} of it serialization, so one frontend core "
+            f"`{codec}`: peak {o.peak_tokens_s:,.0f} tokens/s at {o.peak_rps:g} req/s ({limit}); "
+            f"there {o.us_per_token:.1f} us of frontend CPU a token, "
+            f"{_pct(o.serialization_share)} of it serialization{isolated}, so one frontend core "
             f"would carry about {o.core_tokens_s:,.0f} tokens/s{vs}"
         )
     return "\n".join(f"- {part}." for part in parts)
@@ -552,7 +571,7 @@ def section(raw_dir: Path) -> str:
             f"### Adaptive against fixed batch sizes: {info['trace']} (C13)",
             "",
             f"{info['requests']:,} requests at {info['rate_rps']:.1f} req/s "
-            f"({info['load']:.0%} of the capacity at batch {info['bmax']}, "
+            f"({info['load']:.0%} of the capacity at batch {info.get('slots', info['bmax'])}, "
             + (
                 f"gamma arrivals of shape {info['burstiness']:g}"
                 if info["arrival"] == "gamma"
@@ -595,14 +614,15 @@ def section(raw_dir: Path) -> str:
             "offered rates rising, every codec once per trial in a rotated order within each "
             f"rate ({sweep['trials']} trials of {sweep['trial_s']:g} s; each cell the median "
             f"trial, tokens/s with the trials' range). CPU from psutil on each pid; "
-            f"{_pinning(sweep)}. {sweep.get('serialization_method', '')} *saturated*: tokens/s "
-            f"below {sweep['saturation_gain']:.0%} of the offered tokens, or the frontend at "
-            f"{sweep['saturation_cores']:g} core; *other core busy*: the engine and the load "
-            f"generator together at {sweep['saturation_cores']:g} core, where the sweep stops "
-            "learning about the frontend (it stops at the first rate where every codec is "
-            "saturated or its other core busy). Per-token CPU falls as the rate rises (more "
-            "chunks per read and write), so the one-core figures below are extrapolations from "
-            "the last rate run.",
+            f"{_pinning(sweep)}. {sweep.get('serialization_method', '')} *Limit reached*: *short* "
+            f"when tokens/s stayed under {sweep['saturation_gain']:.0%} of the offered tokens, "
+            f"*frontend* when the frontend used {sweep['saturation_cores']:g} core, *other* "
+            f"when the engine and the load generator together did (the sweep stops at the "
+            "first rate where every codec reached one). A point short of its offered tokens "
+            "with neither core full is limited by what the process CPU times do not show (the "
+            "machine's other processes on those cores, wake-up latency). Per-token CPU falls "
+            "as the rate rises (more chunks per read and write), so the one-core figures "
+            "below are extrapolations from each codec's peak.",
             "",
             _sweep_summary(sweep),
             "",
