@@ -79,9 +79,10 @@ C13_BURSTINESS: Final = 0.25
 """The bursty trace's gamma shape (1 is Poisson; below 1, arrivals come in bursts)."""
 C13_ADMIT_SIZES: Final = (1, 2, 4, 8, 16)
 """Continuous batching's fixed admission sizes (requests one prefill iteration may admit)."""
-C13_STATIC_SIZES: Final = (8, 16, 32, 64)
 C13_BMAX: Final = engine.EngineConfig().adaptive_bmax
 C13_SLOTS: Final = engine.EngineConfig().max_batch
+C13_STATIC_SIZES: Final = tuple(sorted({8, 16, 32, 64, C13_SLOTS}))
+"""Static batching's sizes, up to the engine's slots (a batch takes whoever waits, up to it)."""
 
 QUICK_REQUESTS: Final = 60
 
