@@ -87,8 +87,8 @@ def _split(compute: float, scheduling: float, serialization: float) -> Split:
     [
         (0.10, "holds"),
         (0.25, "holds"),
-        (0.099, "does not hold through the engine: below"),
-        (0.26, "does not hold through the engine: above"),
+        (0.099, "does not hold: below"),
+        (0.26, "does not hold: above"),
     ],
 )
 def test_c4_verdict_band(serialization: float, starts: str) -> None:
@@ -222,7 +222,8 @@ def _c13(trace: str, adaptive_tps: float) -> dict[str, Any]:
         "requests": 4000,
         "seed": 17,
         "bmax": 64,
-        "fixed_sizes": [4, 64],
+        "admit_sizes": [4],
+        "static_sizes": [],
         "step": STEP,
         "l_definition": "L is the predicted load: the running batch's next step time over ...",
         "configs": configs,
@@ -334,7 +335,7 @@ def test_c13_row_judges_each_trace(tmp_path: Path) -> None:
 def test_split_rows_judge_the_largest_serialization_share(tmp_path: Path) -> None:
     _write(tmp_path, [_stages("msgspec-msgpack", 0.05), _stages("orjson", 0.12)])
     c4 = _claim(tmp_path, "C4")
-    assert c4[4] == "through the engine: holds through the engine at this rate"
+    assert c4[4] == "through the engine: holds at this rate"
     assert "5% (`msgspec-msgpack` hop) to 12% (`orjson`)" in c4[3]
     assert "frontend's CPU" not in c4[4]  # no sweep in this run
     c10 = _claim(tmp_path, "C10")

@@ -125,10 +125,10 @@ def _band(published: float) -> tuple[float, float]:
 def c4_verdict(split: Split) -> str:
     """Serialization + deserialization at 10-25% of a request's time."""
     if _within(split.serialization, C4_BAND):
-        return "holds through the engine at this rate"
+        return "holds at this rate"
     if split.serialization < C4_BAND[0] - _EPSILON:
-        return "does not hold through the engine: below the range beside compute and queueing"
-    return "does not hold through the engine: above the range"
+        return "does not hold: below the range beside compute and queueing"
+    return "does not hold: above the range"
 
 
 def c4_cpu_verdict(shares: Mapping[str, float]) -> str:
