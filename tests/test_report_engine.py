@@ -400,6 +400,15 @@ def test_sweep_outcomes_read_the_first_limit_and_the_peak() -> None:
     assert outcomes["msgspec-msgpack"].core_tokens_s == pytest.approx(100_000)
 
 
+def test_a_later_repeat_reads_the_one_engine_run(tmp_path: Path) -> None:
+    raw_dir = tmp_path / "raw"
+    _write(raw_dir, [_c8(20.0, 60.0)])
+    _write(raw_dir / "repeats" / "1", [_c8(20.0, 60.0)])
+    (raw_dir / "repeats" / "2").mkdir(parents=True)
+    for repeat in ("1", "2"):
+        assert _claim(raw_dir / "repeats" / repeat, "C8") == _claim(raw_dir, "C8")
+
+
 def test_no_section_without_the_raw_file(tmp_path: Path) -> None:
     assert engine.section(tmp_path) == ""
     assert engine.plot(tmp_path, tmp_path) == []

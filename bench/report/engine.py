@@ -29,7 +29,7 @@ from .engine_verdicts import (
     c10_verdict,
     c13_verdict,
 )
-from .results import infos
+from .results import REPEATS_DIR, infos
 from .tables import table
 
 ENGINE_RAW: Final = "engine.json"
@@ -56,8 +56,18 @@ def _x(value: float) -> str:
     return f"{value:.2f}x"
 
 
+def engine_path(raw_dir: Path) -> Path:
+    """The engine suite's file for ``raw_dir``. The suite runs once per ``inferwire bench``
+    (its virtual clock gives the same figures in every process), so a later repeat's
+    directory (``raw/repeats/<n>/``) has none and reads the run's (``raw/``)."""
+    path = raw_dir / ENGINE_RAW
+    if not path.exists() and raw_dir.parent.name == REPEATS_DIR:
+        return raw_dir.parent.parent / ENGINE_RAW
+    return path
+
+
 def _records(raw_dir: Path, op: str) -> list[dict[str, Any]]:
-    return [i for i in infos(raw_dir / ENGINE_RAW) if i.get("op") == op]
+    return [i for i in infos(engine_path(raw_dir)) if i.get("op") == op]
 
 
 def _one(raw_dir: Path, op: str) -> dict[str, Any] | None:
@@ -529,9 +539,19 @@ def plot(raw_dir: Path, out_dir: Path) -> list[Path]:
 
 def section(raw_dir: Path) -> str:
     """The report's engine section ("" if the run has none)."""
-    if not infos(raw_dir / ENGINE_RAW):
+    if not infos(engine_path(raw_dir)):
         return ""
-    out = ["## An engine behind a frontend (batching, the hop)", ""]
+    out = [
+        "## An engine behind a frontend (batching, the hop)",
+        "",
+        "`bench/bench_engine.py`: the simulated engine (`inferwire.engine`) on its virtual clock "
+        "(deterministic: the same figures on every run and machine), and the real stack "
+        "(load generator -> `inferwire serve --engine` -> `inferwire engine`, three processes "
+        "on loopback). The suite runs once per `inferwire bench` (the real-stack points "
+        "interleave their own trials), so with repeats the Reproducibility section judges its "
+        "claims on that one run in every repeat.",
+        "",
+    ]
     virtual = _one(raw_dir, "c8-virtual")
     stack = _records(raw_dir, "c8-stack")
     if virtual is not None:
