@@ -34,16 +34,23 @@ import contextlib
 import dataclasses
 import inspect
 import os
-import time
 from collections.abc import Sequence
 from typing import Any, Final
 
 import numpy as np
-import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 from inferwire import engine
 from inferwire.bench.loadgen import metrics, openloop
+from inferwire.bench.measure.engine_drive import (
+    SATURATION_CORES,
+    SATURATION_GAIN,
+    drive,
+    limited,
+    point_figures,
+    summarize,
+    sweep_trial,
+)
 from inferwire.bench.measure.engine_runs import (
     DISTINCT_STREAMS,
     OUTPUT_TOKENS,
@@ -66,7 +73,6 @@ from inferwire.bench.measure.engine_runs import (
     unique_shapes,
 )
 from inferwire.bench.procs import engine_stack, server_process
-from inferwire.transports import loops
 
 C8_RATE_RPS: Final = 50.0
 C8_REQUESTS: Final = 4000
@@ -221,64 +227,6 @@ STACK_HOP: Final = "msgspec-msgpack"
 C8_STACK_WINDOW_S: Final = 12.0
 C8_STACK_WARMUP_S: Final = 2.0
 """Requests of the first seconds are sent but not measured: the engine starts empty."""
-WARM_REQUESTS: Final = 8
-
-
-def _stack_loop() -> str:
-    return server_process.requested_loop()
-
-
-def _point_figures(point: dict[str, Any]) -> dict[str, Any]:
-    """The load generator's figures the report reads (latencies from the intended send time)."""
-    keys = ("ttft", "e2e", "tpot", "send_lag")
-    return {
-        **{k: {p: point[k][p] for p in ("p50_ms", "p90_ms", "p99_ms")} for k in keys},
-        **{
-            k: point[k]
-            for k in (
-                "requests_measured",
-                "requests_completed",
-                "requests_failed",
-                "errors",
-                "output_tokens",
-                "output_token_throughput_tps",
-                "request_throughput_rps",
-                "integrity",
-            )
-        },
-    }
-
-
-def _drive(
-    address: str,
-    spec: openloop.LoadSpec,
-    rate: float,
-    shapes: Sequence[RequestShape],
-    *,
-    target: openloop.Target | None = None,
-    server_pid: int | None = None,
-    on_record: metrics.RecordSink | None = None,
-) -> dict[str, Any]:
-    """One open-loop point against the frontend at ``address`` (http1, orjson), request i
-    shaped by ``shapes[i]``, after a few untimed requests."""
-    requests = [generate_request(shape) for shape in shapes]
-
-    async def go() -> dict[str, Any]:
-        client = target or openloop.open_target("http1", address, "orjson")
-        try:
-            await openloop.warm_up(client, requests[0], WARM_REQUESTS)
-            return await openloop.run_point(
-                client,
-                spec,
-                rate_rps=rate,
-                server_pid=server_pid,
-                request_for=lambda i: requests[i % len(requests)],
-                on_record=on_record,
-            )
-        finally:
-            await client.close()
-
-    return loops.run(go(), _stack_loop())
 
 
 @pytest.mark.parametrize("policy", C8_POLICIES)
@@ -292,12 +240,12 @@ def bench_c8_stack(benchmark: Any, policy: str) -> None:
     shapes = request_shapes(int((warmup + window) * C8_RATE_RPS * 2) + 16)
     with engine_stack.EngineStack(STACK_HOP, "--policy", policy) as stack:
         point = benchmark.pedantic(
-            lambda: _drive(stack.address, spec, C8_RATE_RPS, shapes, server_pid=stack.frontend_pid),
+            lambda: drive(stack.address, spec, C8_RATE_RPS, shapes, server_pid=stack.frontend_pid),
             rounds=1,
             iterations=1,
         )
     benchmark.group = "engine: C8 policies (real stack)"
-    figures = _point_figures(point)
+    figures = point_figures(point)
     benchmark.extra_info.update(
         op="c8-stack",
         clock="real",
@@ -338,7 +286,7 @@ def bench_engine_stages(benchmark: Any, hop: str) -> None:
         before = stack.counters()["client"]
 
         def run() -> dict[str, Any]:
-            return _drive(
+            return drive(
                 stack.address,
                 spec,
                 STAGES_RATE_RPS,
@@ -422,92 +370,6 @@ SWEEP_TRIALS: Final = 3
 SWEEP_TRIAL_S: Final = 1.5
 SWEEP_STEP_SCALE: Final = 0.01
 """The engine's step times x 0.01 (a 5 ms decode step in 51 us): the engine is not what limits."""
-SATURATION_GAIN: Final = 0.9
-"""A point whose tokens/s is below 90% of the offered tokens/s fell short (did not keep up)."""
-SATURATION_CORES: Final = 0.95
-
-
-def _sweep_trial(
-    stack: engine_stack.EngineStack,
-    rate: float,
-    seed: int,
-    trial_s: float,
-    shapes: Sequence[RequestShape],
-    encode_per_chunk_s: float,
-    isolated_decode_per_chunk_s: float,
-) -> dict[str, Any]:
-    """One point against one stack: tokens/s (the point's), and over the whole drive (warm-up
-    included, for CPU and chunks alike) the frontend's CPU, its serialization share, and the
-    CPU of the engine and of this process (the load generator)."""
-    spec = openloop.LoadSpec(duration_s=trial_s, seed=seed)
-    meters = {
-        "frontend": psutil.Process(stack.frontend_pid),
-        "engine": psutil.Process(stack.engine.pid),
-        "client": psutil.Process(),
-    }
-    before = stack.counters()["client"]
-    cpu_before = {name: _cpu_s(p) for name, p in meters.items()}
-    started = time.perf_counter()
-    point = _drive(stack.address, spec, rate, shapes)
-    wall_s = time.perf_counter() - started
-    cpu = {name: _cpu_s(p) - cpu_before[name] for name, p in meters.items()}
-    after = stack.counters()["client"]
-    chunks = after["chunks_decoded"] - before["chunks_decoded"]
-    hop_decode_s = (after["decode_ns"] - before["decode_ns"]) / 1e9
-    serialization_s = hop_decode_s + encode_per_chunk_s * chunks
-    return {
-        "tokens_s": point["output_token_throughput_tps"],
-        "offered_tokens_s": rate * SWEEP_TOKENS,
-        "frontend_cpu_cores": cpu["frontend"] / wall_s,
-        "engine_cpu_cores": cpu["engine"] / wall_s,
-        "client_cpu_cores": cpu["client"] / wall_s,
-        "frontend_cpu_us_per_token": cpu["frontend"] / max(chunks, 1) * 1e6,
-        "hop_decode_us_per_chunk": hop_decode_s / max(chunks, 1) * 1e6,
-        "serialization_share": serialization_s / cpu["frontend"] if cpu["frontend"] > 0 else 0.0,
-        "serialization_share_isolated": (
-            (isolated_decode_per_chunk_s + encode_per_chunk_s) * chunks / cpu["frontend"]
-            if cpu["frontend"] > 0
-            else 0.0
-        ),
-        "failed": point["requests_failed"],
-        "violations": metrics.integrity_violations(point["integrity"]),
-    }
-
-
-def _cpu_s(process: Any) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
-
-
-def _summary(trials: list[dict[str, Any]], rate: float, shared_core: bool) -> dict[str, Any]:
-    """A codec's point at one rate: the median trial's figures, with the trials' range;
-    ``fell_short`` when its tokens/s stayed under :data:`SATURATION_GAIN` of the offered,
-    ``frontend_core_busy`` when the frontend used its core, ``other_core_busy`` when the
-    engine and the load generator (sharing the other core when pinned) used it."""
-    tokens = [t["tokens_s"] for t in trials]
-    median = {
-        name: float(np.median([t[name] for t in trials]))
-        for name in trials[0]
-        if name not in ("failed", "violations")
-    }
-    others = median["engine_cpu_cores"] + median["client_cpu_cores"]
-    return {
-        "rate_rps": rate,
-        **median,
-        "tokens_s_min": min(tokens),
-        "tokens_s_max": max(tokens),
-        "trials_tokens_s": tokens,
-        "fell_short": median["tokens_s"] < SATURATION_GAIN * rate * SWEEP_TOKENS,
-        "frontend_core_busy": median["frontend_cpu_cores"] >= SATURATION_CORES,
-        "other_core_busy": shared_core and others >= SATURATION_CORES,
-        "failed": sum(t["failed"] for t in trials),
-        "violations": sum(t["violations"] for t in trials),
-    }
-
-
-def _limited(point: dict[str, Any]) -> bool:
-    """Whether a point reached a limit: short of the offered tokens, or a core busy."""
-    return bool(point["fell_short"] or point["frontend_core_busy"] or point["other_core_busy"])
 
 
 def bench_hop_sweep(benchmark: Any) -> None:
@@ -554,7 +416,7 @@ def bench_hop_sweep(benchmark: Any) -> None:
                     shift = trial % len(SWEEP_HOPS)
                     for hop in SWEEP_HOPS[shift:] + SWEEP_HOPS[:shift]:
                         per_trial[hop].append(
-                            _sweep_trial(
+                            sweep_trial(
                                 stacks[hop],
                                 rate,
                                 SEED + trial,
@@ -562,12 +424,15 @@ def bench_hop_sweep(benchmark: Any) -> None:
                                 shapes,
                                 encode_per_chunk_s,
                                 isolated[hop],
+                                SWEEP_TOKENS,
                             )
                         )
                 for hop, found in per_trial.items():
-                    points[hop][f"{rate:g}"] = _summary(found, rate, cores is not None)
+                    points[hop][f"{rate:g}"] = summarize(
+                        found, rate, SWEEP_TOKENS, cores is not None
+                    )
                 # past this rate nothing more is learnt about the frontend
-                if all(_limited(points[hop][f"{rate:g}"]) for hop in SWEEP_HOPS):
+                if all(limited(points[hop][f"{rate:g}"]) for hop in SWEEP_HOPS):
                     break
 
         try:
