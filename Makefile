@@ -35,7 +35,7 @@ venv: $(STAMP)
 # the namespace by setuptools' import hook, which mypy does not run.
 .typecheck/inferwire: Makefile | $(STAMP)
 	mkdir -p .typecheck/inferwire
-	for d in codecs schemas workloads engine transports bench; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
+	for d in codecs schemas workloads engine serving transports bench; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
 	ln -sfn ../tests .typecheck/tests
 
 lint: $(STAMP)
@@ -47,6 +47,7 @@ lint: $(STAMP)
 typecheck: $(STAMP) .typecheck/inferwire
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml \
 		-p inferwire.codecs -p inferwire.schemas -p inferwire.workloads -p inferwire.engine \
+		-p inferwire.serving \
 		-p inferwire.transports \
 		-p inferwire.bench
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml tests

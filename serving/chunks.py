@@ -23,7 +23,9 @@ import inferwire.codecs as ic
 
 from .errors import ChunkBuilderError
 
-FINISH_REASONS: Final = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
+FINISH_REASONS: Final = frozenset(
+    {"stop", "length", "tool_calls", "content_filter", "function_call"}
+)
 """The ``finish_reason`` values OpenAI's chat completion chunk defines."""
 
 

@@ -3,10 +3,11 @@
 RFC 9110, section 12.5.1: ``Accept`` is a list of media ranges (``type/subtype``, ``type/*``
 or ``*/*``), each with an optional weight ``q`` from 0 to 1 (default 1). The weight of a media
 type is the one of the most specific range that matches it (``type/subtype`` over ``type/*``
-over ``*/*``), and ``q=0`` means "not acceptable". The server then sends the acceptable
+over ``*/*``; a range with parameters is more specific still, and matches only a type with
+those parameters), and ``q=0`` means "not acceptable". The server then sends the acceptable
 representation of highest weight; among equal weights, its own preference (the order of
-``offers``). Media type parameters other than ``q`` are not compared: every stream here is
-one representation per media type.
+``offers``). The streams offered here have no parameters, so a range such as
+``text/event-stream;charset=utf-8`` does not match them.
 
 A request without ``Accept`` (or with an empty one) takes any type, so it gets the first
 offer: by default the JSON server-sent events OpenAI-compatible servers send. OpenAI's SDKs
@@ -37,8 +38,8 @@ JSON events (written by orjson), then one codec per binary stream media type."""
 _QVALUE: Final = re.compile(r"0(?:\.\d{0,3})?|1(?:\.0{0,3})?")
 _TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
-MediaRange = tuple[str, str, float]
-"""(type, subtype, weight), lower case; ``*`` for a wildcard."""
+MediaRange = tuple[str, str, frozenset[tuple[str, str]], float]
+"""(type, subtype, parameters, weight), lower case; ``*`` for a wildcard."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -53,15 +54,24 @@ def parse_accept(accept: str) -> tuple[MediaRange, ...]:
         if type_ == "*" and subtype != "*":
             continue  # "*/json" is not a media range
         weight = 1.0
+        parameters = []
         for param in params:
             name, _, value = param.strip().partition("=")
-            if name.strip().lower() == "q":
-                value = value.strip()
+            name, value = name.strip().lower(), value.strip()
+            if name == "q":
                 weight = float(value) if _QVALUE.fullmatch(value) else -1.0
                 break  # what follows q are accept-ext parameters
+            parameters.append((name, value.strip('"').lower()))
         if weight >= 0:
-            ranges.append((type_, subtype, weight))
+            ranges.append((type_, subtype, frozenset(parameters), weight))
     return tuple(ranges)
+
+
+def _parameters(media_type: str) -> tuple[str, str, frozenset[tuple[str, str]]]:
+    media, *params = media_type.lower().split(";")
+    type_, _, subtype = media.strip().partition("/")
+    pairs = (p.strip().partition("=") for p in params)
+    return type_, subtype, frozenset((n.strip(), v.strip().strip('"')) for n, _, v in pairs)
 
 
 def quality(accept: str | None, media_type: str) -> float:
@@ -69,9 +79,11 @@ def quality(accept: str | None, media_type: str) -> float:
     header): the weight of the most specific matching range."""
     if accept is None or not accept.strip():
         return 1.0
-    type_, _, subtype = media_type.lower().partition("/")
+    type_, subtype, parameters = _parameters(media_type)
     best_specificity, weight = -1, 0.0
-    for range_type, range_subtype, range_weight in parse_accept(accept):
+    for range_type, range_subtype, range_parameters, range_weight in parse_accept(accept):
+        if not range_parameters <= parameters:
+            continue
         if range_type == "*":
             specificity = 0
         elif range_type != type_:
@@ -79,7 +91,7 @@ def quality(accept: str | None, media_type: str) -> float:
         elif range_subtype == "*":
             specificity = 1
         elif range_subtype == subtype:
-            specificity = 2
+            specificity = 2 + len(range_parameters)
         else:
             continue
         # the most specific range decides; among equally specific ones, the highest weight
