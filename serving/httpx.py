@@ -87,7 +87,7 @@ async def aiter_chunks(
         raise _error(response, await response.aread())
     reader = _reader(response, codec, max_frame_bytes)
     try:
-        async for data in response.aiter_raw():
+        async for data in response.aiter_bytes():
             for chunk in reader.feed(data):
                 yield chunk
     except httpx.TransportError as exc:
@@ -106,7 +106,7 @@ def iter_chunks(
         raise _error(response, response.read())
     reader = _reader(response, codec, max_frame_bytes)
     try:
-        for data in response.iter_raw():
+        for data in response.iter_bytes():
             yield from reader.feed(data)
     except httpx.TransportError as exc:
         raise _cut(exc) from exc

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -199,10 +200,11 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize(("body", "param"), BAD_REQUESTS)
 def test_a_bad_request_names_its_field(body: Any, param: str | None) -> None:
-    for parse in (
+    parsers: list[Callable[[], iws.ChatCompletionRequest]] = [
         lambda: iws.ChatCompletionRequest.parse(msgspec.json.encode(body)),
         lambda: iws.ChatCompletionRequest.from_obj(body),
-    ):
+    ]
+    for parse in parsers:
         with pytest.raises(iws.RequestError) as raised:
             parse()
         assert raised.value.param == param
