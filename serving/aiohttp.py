@@ -26,7 +26,7 @@ import inferwire.codecs as ic
 
 from .errors import ServingError
 from .negotiation import DEFAULT_OFFERS, JSON, negotiate
-from .stream import error_body, error_of, stream_body
+from .stream import COALESCE, error_body, error_of, stream_body
 
 __all__ = ["error_middleware", "error_response", "negotiated", "stream_response"]
 
@@ -45,11 +45,13 @@ async def stream_response(
     codec: ic.Codec,
     *,
     extensions: bool = False,
+    coalesce: int = COALESCE,
     status: int = 200,
     headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     """Writes ``chunks`` in ``codec`` (:func:`inferwire.serving.stream_body`) as the answer
-    to ``request``, one write per chunk, and ends it; returns the response to hand back."""
+    to ``request``, the chunks ready at once in one write, and ends it; returns the response
+    to hand back."""
     response = web.StreamResponse(
         status=status,
         headers={
@@ -59,7 +61,7 @@ async def stream_response(
         },
     )
     await response.prepare(request)
-    async for piece in stream_body(chunks, codec, extensions=extensions):
+    async for piece in stream_body(chunks, codec, extensions=extensions, coalesce=coalesce):
         await response.write(piece)
     await response.write_eof()
     return response

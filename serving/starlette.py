@@ -29,7 +29,7 @@ import inferwire.codecs as ic
 
 from .errors import ServingError
 from .negotiation import DEFAULT_OFFERS, JSON, negotiate
-from .stream import error_body, error_of, stream_body
+from .stream import COALESCE, error_body, error_of, stream_body
 
 __all__ = [
     "error_response",
@@ -55,13 +55,15 @@ def stream_response(
     codec: ic.Codec,
     *,
     extensions: bool = False,
+    coalesce: int = COALESCE,
     status_code: int = 200,
     headers: Mapping[str, str] | None = None,
 ) -> StreamingResponse:
     """``chunks`` streamed in ``codec`` (:func:`inferwire.serving.stream_body`: OpenAI's
-    events for a JSON codec, the codec's frames otherwise), with its stream media type."""
+    events for a JSON codec, the codec's frames otherwise, the chunks ready at once in one
+    write), with its stream media type."""
     return StreamingResponse(
-        stream_body(chunks, codec, extensions=extensions),
+        stream_body(chunks, codec, extensions=extensions, coalesce=coalesce),
         status_code=status_code,
         headers={**NO_CACHE, **(headers or {})},
         media_type=codec.stream_media_type,

@@ -34,6 +34,7 @@ from inferwire.codecs import openai as oa
 from inferwire.codecs.framing import Framing, stream_decoder
 from inferwire.codecs.framing import stream_encoder as framed
 
+from .coalesce import Ready
 from .errors import ResponseError, ServingError
 from .negotiation import DEFAULT_OFFERS, JSON, is_json
 
@@ -102,22 +103,51 @@ def stream_encoder(codec: ic.Codec, *, extensions: bool = False) -> ic.StreamEnc
     return UsageAsOpenAI(chunks, framed(codec.framing, orjson.dumps))
 
 
+COALESCE: Final = 32
+"""Most chunks :func:`stream_body` puts in one piece (about 8 KiB of OpenAI events), as
+inferwire's servers batch (``SimulatedService.batches``)."""
+
+
 async def stream_body(
     chunks: AsyncIterable[ic.TokenChunk] | Iterable[ic.TokenChunk],
     codec: ic.Codec,
     *,
     extensions: bool = False,
+    coalesce: int = COALESCE,
 ) -> AsyncIterator[bytes]:
-    """The bytes of a response, one piece per chunk, then the end marker: the body of a
-    streaming response in any ASGI or aiohttp framework."""
+    """The bytes of a response, then the end marker: the body of a streaming response in any
+    ASGI or aiohttp framework. Each piece holds the chunks the source had ready when the
+    previous piece was taken, up to ``coalesce`` (:class:`~inferwire.serving.coalesce.Ready`:
+    none is ever held back waiting for the next); ``coalesce=1``: one piece per chunk. The
+    bytes are the same either way; a piece is one write of the framework."""
+    if type(coalesce) is not int or coalesce < 1:
+        raise ValueError("coalesce must be a positive integer")
     encoder = stream_encoder(codec, extensions=extensions)
     encode = encoder.encode
-    if isinstance(chunks, AsyncIterable):
+    if not isinstance(chunks, AsyncIterable):
+        pending: list[bytes] = []
+        for chunk in chunks:  # all ready: pieces of ``coalesce`` chunks
+            pending.append(encode(chunk))
+            if len(pending) >= coalesce:
+                yield b"".join(pending)
+                pending.clear()
+        if pending:
+            yield b"".join(pending)
+        yield encoder.end()
+        return
+    if coalesce == 1:
         async for chunk in chunks:
             yield encode(chunk)
-    else:
-        for chunk in chunks:
-            yield encode(chunk)
+        yield encoder.end()
+        return
+    ready = Ready(aiter(chunks), coalesce)
+    try:
+        while batch := await ready.next_batch():
+            yield (
+                b"".join([encode(chunk) for chunk in batch]) if len(batch) > 1 else encode(batch[0])
+            )
+    finally:
+        ready.close()
     yield encoder.end()
 
 
