@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Final
 
 import inferwire.codecs as ic
+from inferwire.codecs.model import new_token_chunk
 
 from .errors import ChunkBuilderError
 
@@ -27,6 +28,8 @@ FINISH_REASONS: Final = frozenset(
     {"stop", "length", "tool_calls", "content_filter", "function_call"}
 )
 """The ``finish_reason`` values OpenAI's chat completion chunk defines."""
+_MAX_TOKEN_ID: Final = (1 << 32) - 1
+"""Token ids are uint32 in the binary codecs' schemas."""
 
 
 def completion_id() -> str:
@@ -130,22 +133,24 @@ class ChunkBuilder:
     ) -> ic.TokenChunk:
         if self.finished:
             raise ChunkBuilderError("the response is finished: no chunk follows finish()")
-        if not isinstance(text, str):
+        if type(text) is not str:
             raise ChunkBuilderError(f"text must be a string, not {type(text).__name__}")
-        ids = tuple(token_ids)
-        if not all(type(t) is int and 0 <= t < 1 << 32 for t in ids):
-            raise ChunkBuilderError("token ids must be integers in 0..2**32-1")
-        chunk = ic.TokenChunk(
-            id=self.id,
-            model=self.model,
-            created=self.created,
-            index=self.index,
-            seq=self.seq,
-            token_ids=ids,
-            text=text,
-            logprobs=None if logprobs is None else tuple(logprobs),
-            finish_reason=finish_reason,
-            usage=usage,
+        ids = token_ids if type(token_ids) is tuple else tuple(token_ids)
+        for token_id in ids:  # a loop, not all(...): one token a chunk is the common case
+            if type(token_id) is not int or not 0 <= token_id <= _MAX_TOKEN_ID:
+                raise ChunkBuilderError("token ids must be integers in 0..2**32-1")
+        # the model's positional constructor: a chunk per token is this builder's hot path
+        chunk = new_token_chunk(
+            self.id,
+            self.model,
+            self.created,
+            self.index,
+            self.seq,
+            ids,
+            text,
+            None if logprobs is None else tuple(logprobs),
+            finish_reason,
+            usage,
         )
         self.seq += 1
         self.completion_tokens += len(ids)
