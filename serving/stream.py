@@ -23,7 +23,7 @@ yields a chunk with no choices.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, Final
 
@@ -114,7 +114,7 @@ async def stream_body(
     *,
     extensions: bool = False,
     coalesce: int = COALESCE,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The bytes of a response, then the end marker: the body of a streaming response in any
     ASGI or aiohttp framework. Each piece holds the chunks the source had ready when the
     previous piece was taken, up to ``coalesce`` (:class:`~inferwire.serving.coalesce.Ready`:
