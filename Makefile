@@ -37,6 +37,7 @@ venv: $(STAMP)
 	mkdir -p .typecheck/inferwire
 	for d in codecs schemas workloads engine serving transports bench; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
 	ln -sfn ../tests .typecheck/tests
+	ln -sfn ../examples .typecheck/examples
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -50,7 +51,7 @@ typecheck: $(STAMP) .typecheck/inferwire
 		-p inferwire.serving \
 		-p inferwire.transports \
 		-p inferwire.bench
-	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml tests
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml tests examples
 
 # Two processes, one test file each at a time (pytest-xdist, --dist loadfile keeps a file's
 # module fixtures in one process): most tests wait on sockets and sleeps, so this halves the
