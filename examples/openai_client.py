@@ -37,7 +37,7 @@ def chat(
         client.stream(
             "POST",
             "/v1/chat/completions",
-            content=iws.grpc.request_serializer(request),
+            content=request.to_json(),
             headers={"content-type": "application/json", "accept": iws_httpx.accept(codec)},
         ) as response,
     ):

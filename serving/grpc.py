@@ -24,8 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 import inferwire.codecs as ic
 
 from .request import ChatCompletionRequest
@@ -70,12 +68,9 @@ def serializers(
     return serializer(codec), deserializer(codec, type_)
 
 
-_REQUEST_ENCODER = msgspec.json.Encoder()
-
-
 def request_serializer(request: ChatCompletionRequest) -> bytes:
     """An OpenAI chat request as its JSON body (the unset fields left out)."""
-    return _REQUEST_ENCODER.encode(request)
+    return request.to_json()
 
 
 def request_deserializer(data: bytes) -> ChatCompletionRequest:

@@ -174,10 +174,17 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True, omit_defa
         except msgspec.ValidationError as exc:
             raise _request_error(exc) from exc
 
+    def to_json(self) -> bytes:
+        """The request as its JSON body, without the fields left unset."""
+        return _ENCODER.encode(self)
+
     def to_obj(self) -> dict[str, Any]:
         """The request as a JSON object, without the fields left unset."""
         obj: dict[str, Any] = msgspec.to_builtins(self)
         return obj
+
+
+_ENCODER: Final = msgspec.json.Encoder()
 
 
 def _request_error(exc: msgspec.ValidationError) -> RequestError:

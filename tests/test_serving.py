@@ -138,6 +138,7 @@ def test_a_full_request_parses() -> None:
     assert (request.choices, request.stop_sequences, request.top_p) == (1, ("\n",), 1.0)
     assert request.messages[1].text() == "Hi"
     assert iws.ChatCompletionRequest.from_obj(request.to_obj()) == request
+    assert iws.ChatCompletionRequest.parse(request.to_json()) == request
 
 
 def test_defaults_are_openai_defaults() -> None:
