@@ -71,22 +71,30 @@ def usage_chunk(chunk: ic.TokenChunk, usage: ic.Usage) -> dict[str, Any]:
 
 class UsageAsOpenAI:
     """A JSON chunk stream with usage where OpenAI puts it: a chunk that carries usage is
-    written without it, followed by a usage-only chunk (see the module docstring)."""
+    written without it, followed by a usage-only chunk (see the module docstring), or by
+    nothing when ``include_usage`` is false (the request did not ask for it).
 
-    __slots__ = ("_encode", "_end", "_objects")
+    ``chunks``: the codec's encoder (without extensions); ``objects``: an encoder of plain
+    objects in the same framing, for the usage-only chunk."""
 
-    def __init__(self, chunks: ic.StreamEncoder, objects: ic.StreamEncoder) -> None:
+    __slots__ = ("_encode", "_end", "_objects", "include_usage")
+
+    def __init__(
+        self, chunks: ic.StreamEncoder, objects: ic.StreamEncoder, *, include_usage: bool = True
+    ) -> None:
         self._encode = chunks.encode
         self._end = chunks.end
         self._objects = objects
+        self.include_usage = include_usage
 
     def encode(self, chunk: ic.TokenChunk, /) -> bytes:
         usage = chunk.usage
         if usage is None:
             return self._encode(chunk)
-        return self._encode(replace(chunk, usage=None)) + self._objects.encode(
-            usage_chunk(chunk, usage)
-        )
+        frame = self._encode(replace(chunk, usage=None))
+        if self.include_usage:
+            frame += self._objects.encode(usage_chunk(chunk, usage))
+        return frame
 
     def end(self) -> bytes:
         return self._end()
