@@ -31,6 +31,10 @@ Method:
   and compared with the workload: text of every chunk, the finish reason, and for ``delta`` the
   token ids; a wrong stream fails the benchmark.
 
+The chunks alone (``bench_serving_encode``, in process): each way's generator drained as its
+route hands it to the response, one piece a chunk, no server: the making and encoding of a
+chunk without the framework's cost, per chunk, in interleaved shuffled rounds.
+
 Client side (``bench_serving_client``, in process): one whole ``stream-256`` response as the
 baseline server writes it, handed over one event a read, parsed by the openai SDK (its
 ``Stream`` of ``ChatCompletionChunk``, as ``client.chat.completions.create(stream=True)``
@@ -49,7 +53,7 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Final
@@ -60,7 +64,7 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.serving as iws
 from inferwire.bench.procs import server_process, serving_app
-from inferwire.bench.report.serving import CLIENT_GROUP, SERVER_GROUP
+from inferwire.bench.report.serving import CLIENT_GROUP, ENCODE_GROUP, SERVER_GROUP
 from inferwire.serving import httpx as iws_httpx
 from inferwire.transports import loops
 
@@ -270,6 +274,75 @@ def bench_serving_server(benchmark: Any, env: _Env) -> None:
         versions=_versions(),
     )
     assert benchmark.extra_info["correct"], "a stream differs from the workload's tokens"
+
+
+# -- the chunks alone, in process ----------------------------------------------------------
+
+ENCODE_ROUNDS: Final = 40
+
+
+def _making(name: str) -> Callable[[], AsyncIterator[bytes | str]]:
+    """The route's stream of ``name``'s way without a server: its generator as the route hands
+    it to the response (the helpers' one piece a chunk, as the other ways write)."""
+    if name == "pydantic":
+        return lambda: serving_app._pydantic("m", 0)
+    if name == "dicts":
+        return lambda: serving_app._dicts("m", 0)
+    codec = ic.get(PATHS[name].codec)
+    return lambda: iws.stream_body(serving_app._helpers("m", 0), codec, coalesce=1)
+
+
+async def _drain(stream: AsyncIterator[bytes | str]) -> int:
+    size = 0
+    async for piece in stream:  # a str goes out encoded, as StreamingResponse does
+        size += len(piece.encode() if isinstance(piece, str) else piece)
+    return size
+
+
+def bench_serving_encode(benchmark: Any) -> None:
+    """Each way's chunks made and encoded in process, per chunk: the server's cost without
+    the framework's (interleaved rounds, shuffled; the ratio to ``pydantic`` per round)."""
+    benchmark.group = ENCODE_GROUP
+    rounds = 2 if benchmark.disabled else ENCODE_ROUNDS
+    names = [n for n in PATHS if n != "orjson-per-chunk"]
+    makers = {name: _making(name) for name in names}
+    chunks = len(serving_app.steps(0))
+    loop = loops.new_event_loop(server_process.requested_loop())
+    times: dict[str, list[float]] = {name: [] for name in names}
+    sizes = {name: loop.run_until_complete(_drain(make())) for name, make in makers.items()}
+    rng = random.Random(18)
+
+    def run() -> None:
+        order = list(names)
+        for _ in range(rounds):
+            rng.shuffle(order)
+            for name in order:
+                start = time.perf_counter()
+                loop.run_until_complete(_drain(makers[name]()))
+                times[name].append((time.perf_counter() - start) / chunks)
+
+    gc.collect()
+    gc.disable()
+    try:
+        benchmark.pedantic(run, rounds=1, iterations=1)
+    finally:
+        gc.enable()
+        loop.close()
+    base = times[BASELINE]
+    benchmark.extra_info.update(
+        workload=serving_app.WORKLOAD,
+        chunks=chunks,
+        rounds=rounds,
+        ways={
+            name: {
+                "us_per_chunk": statistics.median(t) * 1e6,
+                "vs_pydantic": statistics.median(b / x for b, x in zip(base, t, strict=True)),
+                "wire_bytes_per_chunk": sizes[name] / chunks,
+            }
+            for name, t in times.items()
+        },
+        versions=_versions(),
+    )
 
 
 # -- the client side -----------------------------------------------------------------------

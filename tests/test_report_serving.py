@@ -64,17 +64,32 @@ def _client() -> dict[str, Any]:
     }
 
 
+def _encode() -> dict[str, Any]:
+    ways = {
+        "pydantic": {"us_per_chunk": 10.0, "vs_pydantic": 1.0, "wire_bytes_per_chunk": 244.0},
+        "orjson": {"us_per_chunk": 2.0, "vs_pydantic": 5.0, "wire_bytes_per_chunk": 244.0},
+    }
+    return {
+        "name": "bench_serving_encode",
+        "fullname": "bench/bench_serving.py::bench_serving_encode",
+        "group": serving.ENCODE_GROUP,
+        "stats": {"median": 1.0, "iqr": 0.0},
+        "extra_info": {"workload": "stream-256", "chunks": 256, "rounds": 40, "ways": ways},
+    }
+
+
 def _write(raw_dir: Path, document: dict[str, Any]) -> None:
     raw_dir.mkdir(parents=True, exist_ok=True)
     (raw_dir / "serving.json").write_text(json.dumps(document))
 
 
 def test_the_section_shows_every_way_against_pydantic(tmp_path: Path) -> None:
-    _write(tmp_path, {"benchmarks": [_server({**RATIOS, "delta": 4.0}), _client()]})
+    benchmarks = [_server({**RATIOS, "delta": 4.0}), _encode(), _client()]
+    _write(tmp_path, {"benchmarks": benchmarks})
     text = serving.section(tmp_path)
-    assert "| `pydantic` | way pydantic | 40,000 |" in text
-    assert "1.00x (baseline)" in text
-    assert "| `orjson` | way orjson | 136,000 | 7.4 | 3.40x [3.06-3.74] |" in text
+    assert "| `pydantic` | way pydantic | 40,000 | 25.0 | 1.00x (baseline) | 10.00 (1.0x) |" in text
+    assert "| `orjson` | way orjson | 136,000 | 7.4 | 3.40x [3.06-3.74] | 2.00 (5.0x) |" in text
+    assert "| `delta` | way delta | 160,000 | 6.2 | 4.00x [3.60-4.40] |  |" in text
     assert "| `helper-orjson` | 5.00 | 8.00x | yes |" in text
     rows = serving.target_rows(tmp_path)
     assert [r[-1] for r in rows] == ["met", "met"]  # orjson and delta; msgspec-json absent
