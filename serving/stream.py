@@ -37,6 +37,7 @@ from inferwire.codecs.framing import stream_encoder as framed
 from .coalesce import Ready
 from .errors import ResponseError, ServingError
 from .negotiation import DEFAULT_OFFERS, JSON, is_json
+from .openai_events import templated
 
 __all__ = [
     "ChunkReader",
@@ -107,7 +108,8 @@ def stream_encoder(codec: ic.Codec, *, extensions: bool = False) -> ic.StreamEnc
         raise ValueError(f"codec {codec.name!r} does not carry token streams")
     if not is_json(codec) or extensions:
         return codec.stream_encoder()
-    chunks = _openai_codec(codec.name, codec.framing).stream_encoder()
+    openai_codec = _openai_codec(codec.name, codec.framing)
+    chunks = framed(codec.framing, templated(openai_codec))
     return UsageAsOpenAI(chunks, framed(codec.framing, orjson.dumps))
 
 

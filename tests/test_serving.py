@@ -11,9 +11,12 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import inferwire.codecs as ic
 import inferwire.serving as iws
+from inferwire import workloads
 from inferwire.serving.negotiation import parse_accept
 
 STREAM_CODECS = [n for n in ic.names() if ic.TokenChunk in ic.get(n).types]
@@ -477,3 +480,56 @@ def test_importing_serving_imports_no_framework() -> None:
         check=True,
     )
     assert lazy.stdout.strip() == "True"
+
+
+# -- OpenAI's events from a template -------------------------------------------------------
+
+
+def _reference(codec: str) -> ic.StreamEncoder:
+    """The events as the codec writes them, chunk by chunk, with no template."""
+    import orjson
+
+    from inferwire.codecs.framing import stream_encoder
+
+    plain = ic.get(codec, extensions=False)
+    return iws.UsageAsOpenAI(
+        stream_encoder("sse", plain.encode), stream_encoder("sse", orjson.dumps)
+    )
+
+
+@pytest.mark.parametrize("codec", ["orjson", "msgspec-json", "json"])
+@pytest.mark.parametrize("workload", [w for w in workloads.names() if w.startswith("stream")])
+def test_templated_events_are_the_codecs_bytes(codec: str, workload: str) -> None:
+    chunks = list(workloads.token_stream_source(workload, 5))
+    fast, slow = iws.stream_encoder(ic.get(codec)), _reference(codec)
+    assert [fast.encode(c) for c in chunks] == [slow.encode(c) for c in chunks]
+
+
+@settings(max_examples=300)
+@given(text=st.text(), model=st.text(min_size=1), id_=st.text())
+def test_templated_events_hold_any_text(text: str, model: str, id_: str) -> None:
+    builder = iws.ChunkBuilder(model, id=id_)
+    chunks = [builder.chunk("a"), builder.chunk(text), builder.chunk(text + text)]
+    for codec in ("orjson", "msgspec-json"):
+        fast, slow = iws.stream_encoder(ic.get(codec)), _reference(codec)
+        assert [fast.encode(c) for c in chunks] == [slow.encode(c) for c in chunks]
+
+
+@pytest.mark.parametrize("codec", ["orjson", "msgspec-json"])
+def test_a_lone_surrogate_is_the_codecs_encode_error(codec: str) -> None:
+    builder = iws.ChunkBuilder("m")
+    encoder = iws.stream_encoder(ic.get(codec))
+    encoder.encode(builder.chunk("first"))
+    encoder.encode(builder.chunk("templated"))
+    with pytest.raises(ic.EncodeError):
+        encoder.encode(builder.chunk("\ud800"))
+
+
+def test_a_new_response_gets_its_own_template() -> None:
+    encoder = iws.stream_encoder(ic.get("orjson"))
+    for model in ("a", "b"):
+        builder = iws.ChunkBuilder(model)
+        encoder.encode(builder.chunk("x"))
+        event = encoder.encode(builder.chunk("y"))
+        assert f'"model":"{model}"'.encode() in event
+        assert builder.id.encode() in event
