@@ -54,7 +54,7 @@ import random
 import statistics
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Final
 
@@ -63,72 +63,26 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.serving as iws
+from inferwire.bench.measure.serving_rounds import BASELINE, HELPERS, PATHS, Server, run_pairs
 from inferwire.bench.procs import server_process, serving_app
 from inferwire.bench.report.serving import CLIENT_GROUP, ENCODE_GROUP, SERVER_GROUP
 from inferwire.serving import httpx as iws_httpx
 from inferwire.transports import loops
 
-BASELINE: Final = "pydantic"
 TARGET_RATIO: Final = 3.0
 STREAMS: Final = 24
 """Streams per round of a path: 6,144 tokens, about 0.1-0.3 s of server CPU."""
 CONCURRENCY: Final = 8
 PAIRS: Final = 7
 CLIENT_ROUNDS: Final = 40
-BODY: Final = b'{"messages":[{"role":"user","content":"Generate."}],"stream":true}'
-
-
-@dataclass(frozen=True, slots=True)
-class Path:
-    label: str
-    route: str
-    codec: str
-    """The codec whose reader the client uses (what the route's bytes are)."""
-
-
-PATHS: Final = {
-    "pydantic": Path(
-        "vLLM: pydantic chunk models, model_dump_json", "/pydantic/v1/chat/completions", "orjson"
-    ),
-    "dicts": Path("typical app: dicts, json.dumps", "/dicts/v1/chat/completions", "orjson"),
-    "orjson-per-chunk": Path(
-        "helpers, orjson, one write a chunk",
-        "/helpers/orjson/v1/chat/completions?coalesce=1",
-        "orjson",
-    ),
-    "orjson": Path("helpers, orjson", "/helpers/orjson/v1/chat/completions", "orjson"),
-    "msgspec-json": Path(
-        "helpers, msgspec-json", "/helpers/msgspec-json/v1/chat/completions", "msgspec-json"
-    ),
-    "delta": Path("helpers, delta", "/helpers/delta/v1/chat/completions", "delta"),
-}
-HELPERS: Final = ("orjson", "msgspec-json", "delta")
-"""The helper ways the target is judged on (their defaults: ready chunks in one write)."""
-
-
-@dataclass(slots=True)
-class _Round:
-    tokens: int = 0
-    server_cpu_ns: int = 0
-    wall_s: float = 0.0
-    wire_bytes: int = 0
-    chunks: int = 0
-    correct: bool = True
-
-    @property
-    def per_cpu_s(self) -> float:
-        return self.tokens / max(self.server_cpu_ns / 1e9, 1e-3)
 
 
 @dataclass(slots=True)
 class _Env:
     loop: asyncio.AbstractEventLoop
     process: server_process.ServerProcess
-    pid: int
-    base_url: str
+    server: Server
     pinned: bool
-    own_affinity: set[int]
-    expected: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
 
 
 @pytest.fixture(scope="module")
@@ -144,11 +98,8 @@ def env() -> Iterator[_Env]:
     environment = _Env(
         loop=loops.new_event_loop(server_process.requested_loop()),
         process=process,
-        pid=pid,
-        base_url=f"http://{process.address}",
+        server=Server(f"http://{process.address}", pid, list(serving_app.steps(0))),
         pinned=split is not None,
-        own_affinity=own,
-        expected=list(serving_app.steps(0)),
     )
     try:
         yield environment
@@ -158,90 +109,10 @@ def env() -> Iterator[_Env]:
         os.sched_setaffinity(0, own)
 
 
-async def _one(client: httpx.AsyncClient, path: Path, result: _Round, expected: Any) -> None:
-    headers = {"content-type": "application/json", "accept": iws_httpx.accept(path.codec)}
-    async with client.stream("POST", path.route, content=BODY, headers=headers) as response:
-        size = 0
-        reader = iws.reader_for(response.headers.get("content-type", ""), path.codec)
-        chunks: list[ic.TokenChunk] = []
-        async for data in response.aiter_bytes():
-            size += len(data)
-            chunks += reader.feed(data)
-        reader.close()
-    result.wire_bytes += size
-    result.chunks += len(chunks)
-    result.tokens += len(chunks)  # one token a chunk in this workload (checked below)
-    ok = [c.text for c in chunks] == [text for text, _ in expected]
-    ok &= [c.finish_reason for c in chunks[-2:]] == [None, "stop"]
-    if path.codec == "delta":
-        ok &= [c.token_ids for c in chunks] == [ids for _, ids in expected]
-    result.correct &= ok and all(len(ids) == 1 for _, ids in expected)
-
-
-async def _round(env: _Env, path: Path, streams: int, concurrency: int) -> _Round:
-    result = _Round()
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=env.base_url, limits=limits, timeout=60) as client:
-        remaining = streams
-
-        async def worker() -> None:
-            nonlocal remaining
-            while remaining > 0:
-                remaining -= 1
-                await _one(client, path, result, env.expected)
-
-        clock = server_process.cpu_clock(env.pid)
-        start_cpu, start = time.clock_gettime_ns(clock), time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, streams))))
-        result.wall_s = time.perf_counter() - start
-        result.server_cpu_ns = time.clock_gettime_ns(clock) - start_cpu
-    return result
-
-
 def _versions() -> dict[str, str]:
     names = ["inferwire", "fastapi", "starlette", "uvicorn", "pydantic", "orjson", "msgspec"]
     names += ["httpx", "openai"] + (["uvloop"] if loops.uvloop_installed() else [])
     return {name: metadata.version(name) for name in names}
-
-
-def _run_pairs(env: _Env, streams: int, concurrency: int, pairs: int) -> dict[str, Any]:
-    names = list(PATHS)
-    for name in names:  # warm-up: connections, imports, first paths of each route
-        env.loop.run_until_complete(_round(env, PATHS[name], concurrency, concurrency))
-    rounds: dict[str, list[_Round]] = {name: [] for name in names}
-    ratios: dict[str, list[float]] = {name: [] for name in names}
-    gc.collect()
-    for i in range(pairs):
-        order = names[i % len(names) :] + names[: i % len(names)]
-        got = {
-            n: env.loop.run_until_complete(_round(env, PATHS[n], streams, concurrency))
-            for n in order
-        }
-        for name in names:
-            rounds[name].append(got[name])
-            ratios[name].append(got[name].per_cpu_s / got[BASELINE].per_cpu_s)
-    paths: dict[str, Any] = {}
-    for name in names:
-        done = rounds[name]
-        tokens = sum(r.tokens for r in done)
-        cpu_s = sum(r.server_cpu_ns for r in done) / 1e9
-        wall_s = sum(r.wall_s for r in done)
-        paths[name] = {
-            "label": PATHS[name].label,
-            "codec": PATHS[name].codec,
-            "tokens": tokens,
-            "tokens_per_server_cpu_s": statistics.median(r.per_cpu_s for r in done),
-            "server_us_per_token": cpu_s * 1e6 / max(tokens, 1),
-            "tokens_per_s": tokens / max(wall_s, 1e-9),
-            "server_cpu_utilization": cpu_s / max(wall_s, 1e-9),
-            "wire_bytes_per_chunk": sum(r.wire_bytes for r in done)
-            / max(1, sum(r.chunks for r in done)),
-            "vs_pydantic": statistics.median(ratios[name]),
-            "vs_pydantic_low": min(ratios[name]),
-            "vs_pydantic_high": max(ratios[name]),
-            "correct": all(r.correct for r in done),
-        }
-    return paths
 
 
 def bench_serving_server(benchmark: Any, env: _Env) -> None:
@@ -253,7 +124,7 @@ def bench_serving_server(benchmark: Any, env: _Env) -> None:
     outcome: dict[str, Any] = {}
 
     def run() -> None:
-        outcome.update(_run_pairs(env, streams, concurrency, pairs))
+        outcome.update(run_pairs(env.loop, env.server, streams, concurrency, pairs))
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     helpers = {name: outcome[name]["vs_pydantic"] for name in HELPERS}
