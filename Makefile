@@ -35,8 +35,9 @@ venv: $(STAMP)
 # the namespace by setuptools' import hook, which mypy does not run.
 .typecheck/inferwire: Makefile | $(STAMP)
 	mkdir -p .typecheck/inferwire
-	for d in codecs schemas workloads engine transports bench; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
+	for d in codecs schemas workloads engine serving transports bench; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
 	ln -sfn ../tests .typecheck/tests
+	ln -sfn ../examples .typecheck/examples
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -47,9 +48,10 @@ lint: $(STAMP)
 typecheck: $(STAMP) .typecheck/inferwire
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml \
 		-p inferwire.codecs -p inferwire.schemas -p inferwire.workloads -p inferwire.engine \
+		-p inferwire.serving \
 		-p inferwire.transports \
 		-p inferwire.bench
-	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml tests
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml tests examples
 
 # Two processes, one test file each at a time (pytest-xdist, --dist loadfile keeps a file's
 # module fixtures in one process): most tests wait on sockets and sleeps, so this halves the

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, Codec
 from .errors import (
@@ -109,6 +109,7 @@ __all__ = [
     "VerificationError",
     "get",
     "names",
+    "names_for",
 ]
 
 # name -> (module, class): imported on first use so one missing optional library does not
@@ -155,3 +156,17 @@ def get(name: str, **options: Any) -> Codec:
     if codec is None:
         codec = _instances[name] = _codec_class(name)()
     return codec
+
+
+def names_for(media_type: str) -> list[str]:
+    """The names of the codecs whose unary body or stream is ``media_type`` (parameters and
+    case ignored), in registry order: the reverse of :attr:`Codec.media_type` and
+    :attr:`Codec.stream_media_type`. ``text/event-stream`` is every JSON codec's stream, and
+    ``application/json`` their body; a type no codec writes gives ``[]``."""
+    wanted = media_type.split(";", 1)[0].strip().lower()
+    found = []
+    for name in _FACTORIES:
+        codec_class = cast("type[Codec]", _codec_class(name))
+        if wanted in (codec_class.media_type, codec_class.stream_media_type):
+            found.append(name)
+    return found

@@ -394,7 +394,7 @@ SDK_ERRORS = [
         "stream_options",
         id="stream-options-without-stream",
     ),
-    pytest.param(chat(max_tokens=0), openai.BadRequestError, None, id="max-tokens-zero"),
+    pytest.param(chat(max_tokens=0), openai.BadRequestError, "max_tokens", id="max-tokens-zero"),
     pytest.param(
         chat(extra_body={"workload": "nope"}), openai.BadRequestError, None, id="unknown-workload"
     ),
@@ -493,7 +493,7 @@ def test_health_as_vllm_serves_it(processes: dict[str, ServerProcess], transport
 
 PARSE_ERRORS = [
     pytest.param({"messages": "hi"}, 400, "messages", id="messages-not-a-list"),
-    pytest.param({"messages": [{"role": "robot"}]}, 400, "messages[0]", id="unknown-role"),
+    pytest.param({"messages": [{"role": "robot"}]}, 400, "messages[0].role", id="unknown-role"),
     pytest.param({"messages": MESSAGES, "stream": 1}, 400, "stream", id="stream-an-int"),
     pytest.param(
         {"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": "yes"}},

@@ -1,8 +1,9 @@
 """The optional dependencies, and the extra that installs each.
 
 A base ``pip install inferwire`` has the codecs only; the transports' libraries come with
-``inferwire[transports]`` (gRPC alone with ``inferwire[grpc]``) and the benchmark suite's with
-``inferwire[bench]`` (pyproject.toml). Code that imports one of them does so inside
+``inferwire[transports]`` (gRPC alone with ``inferwire[grpc]``), the serving helpers' frameworks
+with ``inferwire[serving]`` and the benchmark suite's with ``inferwire[bench]``
+(pyproject.toml). Code that imports one of them does so inside
 :func:`needs_extras`, so a missing library is a :class:`MissingExtraError` that says what to
 install (msgspec's way with its optional dependencies), never a bare ``ModuleNotFoundError``.
 """
@@ -32,17 +33,24 @@ EXTRAS: Final = {
     "psutil": ("psutil", "bench"),
     "matplotlib": ("matplotlib", "bench"),
     "uvicorn": ("uvicorn", "bench"),
-    "starlette": ("starlette", "bench"),
     "hypercorn": ("hypercorn", "bench"),
+    "fastapi": ("fastapi", "bench"),
+    "pydantic": ("pydantic", "bench"),
+    "openai": ("openai", "bench"),
+    # inferwire.serving's framework helpers (its core needs none of them)
+    "starlette": ("starlette", "serving"),
+    "aiohttp": ("aiohttp", "serving"),
+    "httpx": ("httpx", "serving"),
     "tokenizers": ("tokenizers", "tokenizer"),
     "locust": ("locust", "locust"),
     # one import name for the four distributions of the trace extra: the SDK stands for them
     "opentelemetry": ("opentelemetry-sdk", "trace"),
 }
 INCLUDES: Final = {
-    "bench": ("transports", "engine", "uvloop"),
-    "uvloop": (),
+    "bench": ("transports", "engine", "uvloop", "serving"),
     "engine": (),
+    "serving": (),
+    "uvloop": (),
     "transports": ("grpc",),
     "grpc": (),
     "tokenizer": (),

@@ -11,8 +11,10 @@ GET      /v1/models                  the models served (``object: "list"``)
 GET      /v1/models/{id}             one of them; 404 for another name
 =======  ==========================  ================================================
 
-A request is read as OpenAI documents it: ``messages`` (chat) or ``prompt`` (legacy) are
-required, ``model`` must be a model served (absent: the first), ``n`` can only be 1,
+A request is read as OpenAI documents it: a chat request's OpenAI fields are checked by
+:class:`inferwire.serving.ChatCompletionRequest` (the one chat request type of the project:
+types, ranges, ``messages`` required), a legacy one's ``prompt`` here; ``model`` must be a
+model served (absent: the first), ``n`` can only be 1,
 ``max_tokens`` (or ``max_completion_tokens``) cuts the stream with ``finish_reason:
 "length"``, ``stream_options`` needs ``stream``. Which tokens come back is inferwire's to say:
 ``workload`` and ``seed`` (our fields, sent by the OpenAI SDK through ``extra_body``) pick the
@@ -50,6 +52,7 @@ import orjson
 
 import inferwire.codecs as ic
 from inferwire.codecs.framing import stream_encoder
+from inferwire.serving import ChatCompletionRequest, RequestError
 
 from . import openai_bodies as ob
 from .errors import BadRequestError
@@ -65,7 +68,6 @@ if TYPE_CHECKING:
 EXTENSIONS_FIELD: Final = "inferwire"
 """The request field that asks for inferwire's extensions: ``{"extensions": true}``."""
 MODEL_OWNER: Final = "inferwire"
-_ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _CLIENT_MESSAGES: Final = ({"role": "user", "content": "Generate."},)
 """What inferwire's clients send as ``messages``: the workload, not the prompt, makes the
 tokens."""
@@ -108,17 +110,6 @@ def _flag(obj: Mapping[str, Any], name: str, param: str) -> bool:
     return value
 
 
-def _check_messages(messages: object) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise ApiError("messages must be a non-empty list of messages", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            raise ApiError(
-                f"messages[{i}] must be an object with a role of {', '.join(sorted(_ROLES))}",
-                param=f"messages[{i}]",
-            )
-
-
 def _one_prompt(value: object) -> bool:
     """A string, or a non-empty list of token ids."""
     if isinstance(value, str):
@@ -155,7 +146,12 @@ def parse_request(obj: object, *, chat: bool, models: Sequence[str]) -> OpenAIRe
     if not isinstance(obj, dict):
         raise ApiError("the request body must be a JSON object")
     if chat:
-        _check_messages(obj.get("messages"))
+        # OpenAI's own fields, checked by the one chat request type (inferwire.serving); ours
+        # (workload, timing, the extensions) below
+        try:
+            ChatCompletionRequest.from_obj(obj)
+        except RequestError as exc:
+            raise ApiError(str(exc), param=exc.param) from exc
     else:
         _check_prompt(obj.get("prompt"))
     stream = _flag(obj, "stream", "stream")

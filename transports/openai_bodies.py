@@ -1,7 +1,9 @@
 """The OpenAI objects a response is made of, built from the service's token chunks: the
 ``chat.completion`` and ``text_completion`` bodies of a non-streamed answer, the
 ``text_completion`` chunks of a streamed legacy completion, the usage-only chunk of
-``stream_options.include_usage``, and the stream encoders that put usage where OpenAI does.
+``stream_options.include_usage``, and the legacy stream's encoder that puts usage where OpenAI
+does (a chat stream's is :class:`inferwire.serving.UsageAsOpenAI`, shared with the serving
+helpers).
 
 Shapes follow the OpenAI API reference (the chat completion and chunk objects, the legacy
 completion object) and what vLLM writes for them: ``logprobs`` is ``null`` when absent, the
@@ -14,11 +16,23 @@ objects written with orjson, whatever the server's codec.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Final
 
 import inferwire.codecs as ic
 from inferwire.codecs import openai as oa
+from inferwire.serving import UsageAsOpenAI
+
+__all__ = [
+    "CHAT_COMPLETION",
+    "TEXT_COMPLETION",
+    "CompletionChunks",
+    "UsageAsOpenAI",
+    "chat_completion",
+    "completion_id",
+    "text_completion",
+    "text_completion_chunk",
+    "usage_chunk",
+]
 
 Obj = dict[str, Any]
 
@@ -142,39 +156,10 @@ def usage_chunk(chunk: ic.TokenChunk, object_: str, usage: ic.Usage) -> Obj:
     }
 
 
-class UsageAsOpenAI:
-    """A chat chunk stream as OpenAI sends it: the chunk that carries ``finish_reason`` has no
-    usage, and with ``include_usage`` the usage follows as a chunk of its own.
-
-    ``chunks``: the codec's encoder; ``objects``: an encoder of plain objects in the same
-    framing (for the usage-only chunk)."""
-
-    __slots__ = ("_encode", "_end", "_objects", "include_usage")
-
-    def __init__(
-        self, chunks: ic.StreamEncoder, objects: ic.StreamEncoder, *, include_usage: bool
-    ) -> None:
-        self._encode = chunks.encode
-        self._end = chunks.end
-        self._objects = objects
-        self.include_usage = include_usage
-
-    def encode(self, chunk: ic.TokenChunk, /) -> bytes:
-        usage = chunk.usage
-        if usage is None:
-            return self._encode(chunk)
-        frame = self._encode(replace(chunk, usage=None))
-        if self.include_usage:
-            frame += self._objects.encode(usage_chunk(chunk, oa.CHUNK_OBJECT, usage))
-        return frame
-
-    def end(self) -> bytes:
-        return self._end()
-
-
 class CompletionChunks:
     """A legacy completion's stream: ``text_completion`` chunks in ``objects``' framing, usage
-    placed as :class:`UsageAsOpenAI` places it (or, with ``extensions``, on the end marker)."""
+    placed as :class:`~inferwire.serving.UsageAsOpenAI` places a chat stream's (or, with
+    ``extensions``, on the end marker)."""
 
     __slots__ = ("_objects", "_offset", "extensions", "include_usage")
 

@@ -13,7 +13,11 @@ tensor) and each situation:
   with the lowest cost paired against the ``tcp`` floor for that kind of call (per token for
   streams, a small unary call otherwise);
 - *long round trip*: what the WAN-delay runs show: one stream instead of a request per token,
-  on a reused connection, with the smallest codec on the wire.
+  on a reused connection, with the smallest codec on the wire;
+- *in your Python server* (token streams, from the serving suite): the fastest JSON codec
+  through the :mod:`inferwire.serving` helpers, as its tokens per server CPU-second against
+  vLLM's pydantic chunks in a FastAPI app, paired (the same OpenAI bytes), with ``delta``'s
+  figure for clients that read it.
 
 Codecs within ``TIE`` of the best are named together: the run cannot tell them apart, and a
 reader should not be told otherwise. The answer among them is the first in the codec
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from . import serving
 from .results import CODECS_RAW, CONNECTIONS_RAW, STAGES_RAW, TRANSPORTS_RAW, records
 from .tables import table
 
@@ -195,7 +200,28 @@ def rows(raw_dir: Path) -> list[list[str]]:
                 "bandwidth is plentiful and the RTT small: the service-to-service choice",
             ]
         )
+    out += _server_rows(raw_dir)
     return out
+
+
+def _server_rows(raw_dir: Path) -> list[list[str]]:
+    """The serving suite's answer for a Python server's token streams (none without it)."""
+    found = serving.best_helper(raw_dir)
+    if found is None:
+        return []
+    best, ratio, delta = found
+    margin = f"{ratio:.1f}x the tokens per server CPU-second of vLLM's pydantic chunks"
+    if delta:
+        margin += f" (`delta`, to clients that read it: {delta:.1f}x)"
+    return [
+        [
+            "token stream",
+            "in your Python server (FastAPI, Starlette, aiohttp)",
+            f"`{best}` through the `inferwire.serving` helpers",
+            margin + "; same bytes as vLLM's",
+            "the server is not Python, or its chunks are not built per token",
+        ]
+    ]
 
 
 def verdict_rows(raw_dir: Path) -> list[list[str]]:

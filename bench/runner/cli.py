@@ -44,19 +44,19 @@ How much of your inference latency is serialization and transport: benchmarks of
 transports for AI serving, and the servers, proxy and load generator they use."""
 
 BENCH_DESCRIPTION: Final = """\
-Runs the standard benchmark matrix (the pytest-benchmark suites bench_*.py: codecs,
-transports, connections, stages, load, peers, faults, instructions, engine), each --repeat
-times in a fresh process (the faults suite once: its figures are counts, not timings; the
+Runs the standard benchmark matrix (the pytest-benchmark suites bench_*.py: codecs, transports,
+connections, stages, load, peers, serving, faults, instructions, engine), each --repeat times
+in a fresh process (the faults suite once: its figures are counts, not timings; the
 instruction counts under callgrind once: they are the same in every process; the engine suite
 once: its virtual-clock figures are the same in every process, and its real-stack points
 interleave their own trials), writes each suite's results
 to OUT/raw/ (the median over repeats; every repeat under OUT/raw/repeats/N/) and the tables to
 OUT/README.md. Every suite times calibration workloads at its start, middle and end and reads
 the machine's CPU counters: a run in which they moved, or other processes or CPU steal took
-their share of the machine, is unstable, and is not published over a stable run unless
---force is given (exit status 3; the run is kept in OUT/raw-unstable/). If any suite fails,
-nothing is written. Every timed run is also saved by pytest-benchmark under ./.benchmarks/ of
-the working directory."""
+their share of the machine, is unstable, and is not published over a stable run unless --force
+is given (exit status 3; the run is kept in OUT/raw-unstable/). If any suite fails, nothing is
+written. Every timed run is also saved by pytest-benchmark under ./.benchmarks/ of the working
+directory."""
 
 STAGING: Final = "raw-staging"
 """Under OUT: the run being made, moved into raw/ once every suite and repeat has passed."""
@@ -79,6 +79,7 @@ SUITES = (
     ("bench_stages.py", results.STAGES_RAW, True),
     ("bench_load.py", results.LOAD_RAW, True),
     ("bench_peers.py", results.PEERS_RAW, True),
+    ("bench_serving.py", results.SERVING_RAW, True),
     ("bench_faults.py", results.FAULTS_RAW, False),
     ("bench_instructions.py", INSTRUCTIONS_RAW, False),
     # the engine's virtual clock is deterministic (the same figures in every process), and its
