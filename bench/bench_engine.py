@@ -324,21 +324,21 @@ def bench_engine_stages(benchmark: Any, hop: str) -> None:
         requests=len(splits),
         step=step_model_info(engine.StepModel()),
         stages_ms={
-            s: _median_ms(splits, s) for s in ("compute", "scheduling", "serialization", "network")
+            s: _median_ms(splits, s)
+            for s in ("compute", "scheduling", "serialization", "engine_loop", "network")
         },
         shares={
             s: totals.get(s, 0.0) / e2e_total
-            for s in ("compute", "scheduling", "serialization", "network")
+            for s in ("compute", "scheduling", "serialization", "engine_loop", "network")
         },
         median_shares={
             s: float(np.median([x[s] / x["e2e"] for x in splits])) if splits else 0.0
-            for s in ("compute", "scheduling", "serialization", "network")
+            for s in ("compute", "scheduling", "serialization", "engine_loop", "network")
         },
         serialization_ms={
             s: _median_ms(splits, s)
             for s in ("engine_encode", "hop_decode", "response_encode", "client_decode")
         },
-        engine_overhead_ms=_median_ms(splits, "engine_overhead"),
         e2e_ms=_median_ms(splits, "e2e"),
         hop_decode_us_per_chunk=hop_decode_per_chunk_s * 1e6,
         method=(
@@ -346,9 +346,10 @@ def bench_engine_stages(benchmark: Any, hop: str) -> None:
             "encode), the frontend's hop decode time per chunk over the run (its engine "
             "client's counter) times the request's chunks, the frontend's response encode "
             "(the server's per-chunk stamps) and the client's decode (its read stamps); "
-            "*network + transport* is the E2E less all of those, so it holds the engine "
-            "loop's own time beyond its modelled steps (`engine_overhead_ms`), both event "
-            "loops and the sockets."
+            "*engine loop* is the engine process's time for the request beyond its modelled "
+            "steps and its encode (its Python loop: scheduling bookkeeping, receiving, "
+            "sending); *network + transport* is the E2E less all of those (both event loops "
+            "and the sockets)."
         ),
         correct=len(splits) == len(measured)
         and point["requests_failed"] == 0
