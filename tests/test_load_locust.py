@@ -250,6 +250,35 @@ def test_merged_parts_are_the_whole_point() -> None:
     assert hdr_merge.merge_points(unknown)["same"] == "x"
 
 
+def test_timelines_of_different_widths_merge_into_a_width_both_divide() -> None:
+    """Each part picks its bucket width from its own span: parts that ended a little apart
+    (here 0.02 s and 0.05 s buckets) still merge, in 0.1 s buckets, counts kept whole and the
+    percentiles an upper bound."""
+    narrow = {
+        "bucket_s": 0.02,
+        "buckets": 10,
+        "completed": [1] * 10,
+        "tokens": [2] * 10,
+        "itl_p99_ms": [1.0, 9.0, None, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
+    }
+    wide = {
+        "bucket_s": 0.05,
+        "buckets": 3,
+        "completed": [4, 5, 6],
+        "tokens": [1, 1, 1],
+        "itl_p99_ms": [0.5, 20.0, None],
+    }
+    merged = hdr_merge._merged_timeline([narrow, wide])
+    assert merged is not None
+    assert merged["bucket_s"] == pytest.approx(0.1)
+    assert merged["buckets"] == 2
+    assert merged["completed"] == [5 + 9, 5 + 6]
+    assert sum(merged["completed"]) == sum(narrow["completed"]) + sum(wide["completed"])
+    assert merged["tokens"] == [10 + 2, 10 + 1]
+    assert merged["itl_p99_ms"] == [20.0, 8.0]
+    assert merged["percentiles"] == "upper bound"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -18,7 +18,9 @@ schedule, with the same keys:
   times: they share the start); its per-bucket percentiles cannot be merged from percentiles,
   so each is the largest of the parts' (an upper bound of the whole's, which lies between the
   parts' smallest and largest) and the timeline says so (``"percentiles": "upper bound"``).
-  Parts whose buckets differ in width give no timeline (``None``).
+  Each part picks its bucket width from its own span, so parts that ended a little apart can
+  differ in width: they are first re-bucketed to the narrowest round width that every part's
+  width divides (e.g. 0.02 s and 0.05 s into 0.1 s), never split a bucket.
 
 A key this module does not know whose values are counts by name (a mapping to integers, e.g.
 ``token_count``) is summed name by name; any other is kept when every part has the same value,
@@ -32,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from .metrics import Histogram
+from .timeline import ROUND_WIDTHS_S
 
 SUMMED: Final = (
     "requests_scheduled",
@@ -241,11 +244,15 @@ def _merged_integrity(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _merged_timeline(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
-    if any(t is None for t in parts) or len({t["bucket_s"] for t in parts if t}) != 1:
+    if any(t is None for t in parts):
         return None
     timelines = [t for t in parts if t is not None]
+    width = _common_width([float(t["bucket_s"]) for t in timelines])
+    if width is None:
+        return None
+    timelines = [_rebucketed(t, width) for t in timelines]
     buckets = max(int(t["buckets"]) for t in timelines)
-    merged: dict[str, Any] = {"bucket_s": timelines[0]["bucket_s"], "buckets": buckets}
+    merged: dict[str, Any] = {"bucket_s": width, "buckets": buckets}
     for key in _keys(timelines):
         if key in merged or not isinstance(timelines[0][key], list):
             continue
@@ -259,3 +266,39 @@ def _merged_timeline(parts: Sequence[Mapping[str, Any] | None]) -> dict[str, Any
             merged[key] = [sum(v or 0 for v in at) for at in zip(*series, strict=True)]
     merged["percentiles"] = "upper bound"
     return merged
+
+
+def _whole(ratio: float) -> int | None:
+    """``ratio`` as a whole number, if it is one (widths are round decimals: 0.1 / 0.02)."""
+    rounded = round(ratio)
+    return rounded if rounded >= 1 and abs(ratio - rounded) < 1e-6 else None
+
+
+def _common_width(widths: Sequence[float]) -> float | None:
+    """The narrowest round width (:data:`~.timeline.ROUND_WIDTHS_S`) at least the widest of
+    ``widths`` that each of them divides; None if there is none."""
+    widest = max(widths)
+    for candidate in (widest, *(w for w in ROUND_WIDTHS_S if w > widest)):
+        if all(_whole(candidate / w) is not None for w in widths):
+            return candidate
+    return None
+
+
+def _rebucketed(timeline: Mapping[str, Any], width: float) -> Mapping[str, Any]:
+    """``timeline`` in buckets of ``width`` (a whole multiple of its own): counts summed and
+    percentiles the largest (an upper bound) over the buckets each new one covers."""
+    factor = _whole(width / float(timeline["bucket_s"]))
+    if factor is None or factor == 1:
+        return timeline
+    out: dict[str, Any] = dict(timeline)
+    out["bucket_s"] = width
+    out["buckets"] = -(-int(timeline["buckets"]) // factor)
+    for key, values in timeline.items():
+        if not isinstance(values, list):
+            continue
+        groups = [values[i : i + factor] for i in range(0, len(values), factor)]
+        if key in TIMELINE_PERCENTILES:
+            out[key] = [max((v for v in g if v is not None), default=None) for g in groups]
+        else:
+            out[key] = [sum(v or 0 for v in g) for g in groups]
+    return out
