@@ -254,14 +254,14 @@ def test_timelines_of_different_widths_merge_into_a_width_both_divide() -> None:
     """Each part picks its bucket width from its own span: parts that ended a little apart
     (here 0.02 s and 0.05 s buckets) still merge, in 0.1 s buckets, counts kept whole and the
     percentiles an upper bound."""
-    narrow = {
+    narrow: dict[str, Any] = {
         "bucket_s": 0.02,
         "buckets": 10,
         "completed": [1] * 10,
         "tokens": [2] * 10,
         "itl_p99_ms": [1.0, 9.0, None, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0],
     }
-    wide = {
+    wide: dict[str, Any] = {
         "bucket_s": 0.05,
         "buckets": 3,
         "completed": [4, 5, 6],
