@@ -48,12 +48,13 @@ The target: every helper path at least 3x the ``pydantic`` path's tokens per ser
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import os
 import random
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Final
@@ -107,6 +108,37 @@ def env() -> Iterator[_Env]:
         environment.loop.close()
         process.stop()
         os.sched_setaffinity(0, own)
+
+
+def _interleaved(
+    benchmark: Any, ways: Mapping[str, Callable[[], object]], rounds: int, chunks: int
+) -> dict[str, list[float]]:
+    """Each way's seconds per chunk in each of ``rounds`` rounds, every way once a round in a
+    seeded shuffled order (a shared machine's drift hits them alike), the garbage collector
+    off while they run: the one timed call of ``benchmark``."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    rng = random.Random(18)
+
+    def run() -> None:
+        order = list(ways)
+        for _ in range(rounds):
+            rng.shuffle(order)
+            for name in order:
+                start = time.perf_counter()
+                ways[name]()
+                times[name].append((time.perf_counter() - start) / chunks)
+
+    gc.collect()
+    gc.disable()
+    try:
+        benchmark.pedantic(run, rounds=1, iterations=1)
+    finally:
+        gc.enable()
+    return times
+
+
+def _drain_on(loop: asyncio.AbstractEventLoop, make: Callable[[], Any]) -> object:
+    return loop.run_until_complete(_drain(make()))
 
 
 def _versions() -> dict[str, str]:
@@ -179,25 +211,15 @@ def bench_serving_encode(benchmark: Any) -> None:
     makers = {name: _making(name) for name in names}
     chunks = len(serving_app.steps(0))
     loop = loops.new_event_loop(server_process.requested_loop())
-    times: dict[str, list[float]] = {name: [] for name in names}
     sizes = {name: loop.run_until_complete(_drain(make())) for name, make in makers.items()}
-    rng = random.Random(18)
-
-    def run() -> None:
-        order = list(names)
-        for _ in range(rounds):
-            rng.shuffle(order)
-            for name in order:
-                start = time.perf_counter()
-                loop.run_until_complete(_drain(makers[name]()))
-                times[name].append((time.perf_counter() - start) / chunks)
-
-    gc.collect()
-    gc.disable()
     try:
-        benchmark.pedantic(run, rounds=1, iterations=1)
+        times = _interleaved(
+            benchmark,
+            {name: functools.partial(_drain_on, loop, makers[name]) for name in names},
+            rounds,
+            chunks,
+        )
     finally:
-        gc.enable()
         loop.close()
     base = times[BASELINE]
     benchmark.extra_info.update(
@@ -270,25 +292,8 @@ def bench_serving_client(benchmark: Any) -> None:
         "helper-delta": lambda: with_helper(delta, "application/vnd.inferwire.delta"),
     }
     correct = {name: parse() == expected for name, parse in parsers.items()}
-    times: dict[str, list[float]] = {name: [] for name in parsers}
     chunks = len(serving_app.steps(0))
-    rng = random.Random(18)
-
-    def run() -> None:
-        names = list(parsers)
-        for _ in range(rounds):
-            rng.shuffle(names)
-            for name in names:
-                start = time.perf_counter()
-                parsers[name]()
-                times[name].append((time.perf_counter() - start) / chunks)
-
-    gc.collect()
-    gc.disable()
-    try:
-        benchmark.pedantic(run, rounds=1, iterations=1)
-    finally:
-        gc.enable()
+    times = _interleaved(benchmark, parsers, rounds, chunks)
     sdk_times = times["openai-sdk"]
     benchmark.extra_info.update(
         workload=serving_app.WORKLOAD,
