@@ -90,7 +90,7 @@ test: sysdeps lint typecheck unit benchcheck
 # The main job: the standard benchmark matrix, written to results/. Three repeats of every
 # timing suite, each in a fresh process (medians and their spread are published, and each
 # verdict is judged per repeat), with rounds short enough that the whole run takes under
-# twenty minutes on a 2-core machine. Exit status 3: the run was unstable and the published
+# twenty-five minutes on a 2-core machine. Exit status 3: the run was unstable and the published
 # one is not; nothing was overwritten (see `inferwire bench --help`).
 BENCH_REPEATS ?= 3
 BENCH_MAX_TIME ?= 0.1
