@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
 import inferwire.transports as it
@@ -24,7 +25,7 @@ from inferwire.engine.client import EngineClient
 from inferwire.engine.hop_codecs import hop_codec
 from inferwire.engine.launch import EngineProcess
 from inferwire.transports import loops
-from inferwire.workloads import cut_stream, token_stream_source
+from inferwire.workloads import MODEL, cut_stream, token_stream_source
 
 WAIT_S = 60.0
 FAST = ("--step-scale", "0.05")
@@ -334,3 +335,37 @@ def test_a_frontend_started_before_its_engine_serves_once_it_is_up(
             assert chunks == list(token_stream_source("stream-256", 1))
 
     run(main(), "asyncio")
+
+
+def test_the_openai_sdk_streams_through_the_engine(
+    processes: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The client people use against a frontend of the engine: the openai SDK's streamed and
+    non-streamed chat completions carry the engine's tokens whole, usage included."""
+    engine = processes("engine", "--endpoint", f"ipc://{tmp_path}/e", *FAST)
+    frontend = processes("frontend", "http1", engine.endpoint, "msgspec-msgpack", "asyncio")
+    expected = list(token_stream_source("stream-16", 3))
+    request: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "seed": 3,
+        "extra_body": {"workload": "stream-16"},
+    }
+    with openai.OpenAI(
+        base_url=f"http://{frontend.address}/v1", api_key="unused", max_retries=0, timeout=WAIT_S
+    ) as sdk:
+        stream = sdk.chat.completions.create(
+            **request, stream=True, stream_options={"include_usage": True}
+        )
+        events = list(stream)
+        text = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
+        assert text == "".join(c.text for c in expected)
+        finishes = [e.choices[0].finish_reason for e in events if e.choices]
+        assert finishes[-1] == expected[-1].finish_reason
+        assert events[-1].usage is not None
+        assert events[-1].usage.completion_tokens == sum(len(c.token_ids) for c in expected)
+
+        completion = sdk.chat.completions.create(**request, max_tokens=5)
+        cut = cut_stream(expected, 5)
+        assert completion.choices[0].message.content == "".join(c.text for c in cut)
+        assert completion.choices[0].finish_reason == "length"
