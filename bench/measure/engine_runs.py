@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -256,15 +256,14 @@ def encode_s_per_chunk(codec_name: str, chunks: Sequence[ic.TokenChunk]) -> floa
     :data:`ENCODE_REPEATS` whole streams, CPU time of this thread): what each chunk the
     frontend sends costs it."""
     codec = ic.get(codec_name)
-    per_stream = []
-    for _ in range(ENCODE_REPEATS):
-        started = time.thread_time_ns()
+
+    def stream() -> None:
         encoder = codec.stream_encoder()
         for chunk in chunks:
             encoder.encode(chunk)
         encoder.end()
-        per_stream.append(time.thread_time_ns() - started)
-    return float(np.median(per_stream)) / len(chunks) / 1e9
+
+    return _per_chunk_s(stream, len(chunks))
 
 
 def hop_decode_s_per_chunk(hop: str, chunks: Sequence[ic.TokenChunk]) -> float:
@@ -276,12 +275,22 @@ def hop_decode_s_per_chunk(hop: str, chunks: Sequence[ic.TokenChunk]) -> float:
     encoder = codec.stream_encoder()
     frames = [encoder.encode(chunk) for chunk in chunks]
     frames[-1] += encoder.end()
-    per_stream = []
-    for _ in range(ENCODE_REPEATS):
-        started = time.thread_time_ns()
+
+    def stream() -> None:
         decoder = codec.stream_decoder()
         for frame in frames:
             decoder.feed(frame)
         decoder.close()
+
+    return _per_chunk_s(stream, len(chunks))
+
+
+def _per_chunk_s(stream: Callable[[], None], chunks: int) -> float:
+    """``stream``'s CPU time (this thread) per chunk: the median of :data:`ENCODE_REPEATS`
+    runs over its ``chunks``."""
+    per_stream = []
+    for _ in range(ENCODE_REPEATS):
+        started = time.thread_time_ns()
+        stream()
         per_stream.append(time.thread_time_ns() - started)
-    return float(np.median(per_stream)) / len(chunks) / 1e9
+    return float(np.median(per_stream)) / chunks / 1e9
