@@ -7,7 +7,10 @@ installed), the client on the same kind.
   a message: the service, the codec's encoder and decoder, our client) against a bare grpcio
   server streaming the same messages, prebuilt (:mod:`inferwire.bench.procs.grpc_floor`), read
   by a bare grpcio call that keeps the bytes. Same message count and bytes, so the ratio of
-  whole streams is the ratio per message. Target: <= 1.2x.
+  whole streams is the ratio per message. Target: <= 1.2x. A third side in the same rounds,
+  *codec only*, is the bare server encoding each message as it streams and a bare call
+  decoding each: the codec's own part of what ours adds, the rest being our service, server
+  and client.
 * **Batched vs tcp, unpaced** (``bench_grpc_batched``): ``GenerateBatched`` (one message per
   batch of due chunks) against the ``tcp`` floor, the model outrunning the wire (no pacing),
   per token; ``Generate`` runs in the same rounds, so the table shows what batching saved.
@@ -105,7 +108,8 @@ class _Env:
 
     def client(self, kind: str, codec: str) -> Any:
         """Our client of ``kind`` (``tcp``, ``grpc``, ``grpc-batched``, and both on the paced
-        server: ``grpc-paced``, ``grpc-paced-batched``), or the floor's bare call."""
+        server: ``grpc-paced``, ``grpc-paced-batched``), or the floor's two bare calls (its
+        prebuilt messages, and the same encoded as they stream)."""
         key = (kind, codec)
         if key not in self.clients:
             batched = kind.endswith("-batched")
@@ -116,7 +120,10 @@ class _Env:
                 if kind == "floor":
                     channel = grpc.aio.insecure_channel(process.address)
                     self.channels.append(channel)
-                    return channel.unary_stream(grpc_floor.MESSAGES)  # bytes as they come
+                    return (  # bytes as they come
+                        channel.unary_stream(grpc_floor.MESSAGES),
+                        channel.unary_stream(grpc_floor.ENCODED),
+                    )
                 transport = "tcp" if kind == "tcp" else "grpc"
                 options: dict[str, Any] = {"batched": True} if batched else {}
                 return it.connect(transport, process.address, codec=codec, **options)
@@ -159,6 +166,20 @@ def _chunks_of(
 def _messages_of(call: Any) -> Callable[[], Coroutine[Any, Any, Any]]:
     async def go() -> list[bytes]:
         return [message async for message in call(b"")]
+
+    return go
+
+
+def _decoded_of(call: Any, codec: ic.Codec) -> Callable[[], Coroutine[Any, Any, Any]]:
+    """A bare call whose messages are decoded by the codec's message decoder, nothing else."""
+
+    async def go() -> list[ic.TokenChunk]:
+        decoder = codec.message_decoder(ic.TokenChunk)
+        chunks: list[ic.TokenChunk] = []
+        async for message in call(b""):
+            chunks += decoder.feed(message)
+        decoder.close()
+        return chunks
 
     return go
 
@@ -221,11 +242,13 @@ def bench_grpc_floor(benchmark: Any, grpc_env: _Env, codec: str) -> None:
     request = GenerateRequest(workload=WORKLOAD)
     expected = _expected(grpc_env, request)
     prebuilt = grpc_floor.messages(ic.get(codec), expected)
+    floor_call, encoded_call = grpc_env.client("floor", codec)
     rounds = _Rounds(
         grpc_env,
         {
             "ours": _chunks_of(grpc_env.client("grpc", codec), request),
-            "floor": _messages_of(grpc_env.client("floor", codec)),
+            "floor": _messages_of(floor_call),
+            "codec-only": _decoded_of(encoded_call, ic.get(codec)),
         },
     )
     quick = benchmark.disabled
@@ -238,6 +261,7 @@ def bench_grpc_floor(benchmark: Any, grpc_env: _Env, codec: str) -> None:
     correct = {
         "ours": rounds.outputs["ours"] == expected,
         "floor": rounds.outputs["floor"] == prebuilt,
+        "codec_only": rounds.outputs["codec-only"] == expected,
         "same_bytes": ours_bytes == prebuilt,
     }
     benchmark.extra_info.update(
@@ -249,7 +273,9 @@ def bench_grpc_floor(benchmark: Any, grpc_env: _Env, codec: str) -> None:
         message_bytes=sum(map(len, prebuilt)) / messages,
         floor_us_per_message=rounds.median_s("floor") / messages * 1e6,
         ours_us_per_message=rounds.median_s("ours") / messages * 1e6,
+        codec_only_us_per_message=rounds.median_s("codec-only") / messages * 1e6,
         vs_floor=rounds.ratio("ours", "floor"),
+        codec_only_vs_floor=rounds.ratio("codec-only", "floor"),
         pairs=len(rounds.times_s["ours"]),
         checks=correct,
         correct=all(correct.values()),

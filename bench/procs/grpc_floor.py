@@ -10,7 +10,8 @@ stream bytes of each batch of due chunks, as the batched RPC sends them (``Batch
 call of either streams them all, with grpcio's generic handler and identity (de)serializers:
 no codec, no service, no pacing. Everything our server does beyond that (building the
 messages, the service's batches, the codec) is what a per-message figure above this floor
-costs.
+costs. A third method (``Encoded``) streams the same messages encoded as it goes, with the
+codec's message encoder and nothing else: beside the floor, the codec's own share of it.
 
 It runs on the loop and the API our server runs on (``grpc.aio``; uvloop when installed, as
 ``inferwire serve``'s ``--loop auto``), with the same channel options, and announces itself as
@@ -40,6 +41,9 @@ MESSAGES: Final = f"/{SERVICE}/Messages"
 """The per-message stream: what ``Generate`` sends, one message a chunk."""
 BATCHES: Final = f"/{SERVICE}/Batches"
 """The batched stream: what ``GenerateBatched`` sends unpaced, one message a batch."""
+ENCODED: Final = f"/{SERVICE}/Encoded"
+"""The per-message stream encoded as it goes: the codec's message encoder over the chunks,
+one call a message, and nothing else (no service, no server of ours)."""
 
 
 def messages(codec: ic.Codec, chunks: Sequence[ic.TokenChunk]) -> list[bytes]:
@@ -63,6 +67,18 @@ def batches(codec: ic.Codec, chunks: Sequence[ic.TokenChunk]) -> list[bytes]:
     return out
 
 
+def _encoder(codec: ic.Codec, chunks: Sequence[ic.TokenChunk]) -> grpc.RpcMethodHandler:
+    async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        encoder = codec.message_encoder()
+        for chunk in chunks:
+            yield encoder.encode(chunk)
+        end = encoder.end()
+        if end:
+            yield end
+
+    return grpc.unary_stream_rpc_method_handler(stream)
+
+
 def _streamer(prebuilt: list[bytes]) -> grpc.RpcMethodHandler:
     async def stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         for message in prebuilt:
@@ -77,6 +93,7 @@ async def _serve(args: argparse.Namespace) -> None:
     handlers = {
         "Messages": _streamer(messages(codec, chunks)),
         "Batches": _streamer(batches(codec, chunks)),
+        "Encoded": _encoder(codec, chunks),
     }
     server = grpc.aio.server(
         options=[
