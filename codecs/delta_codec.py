@@ -17,11 +17,9 @@ environment, read at import, leaves the extension unused; so does
 
 from __future__ import annotations
 
-import os
-import warnings
 from typing import Any, ClassVar, Final, Protocol, TypeVar, cast
 
-from . import compat
+from . import compat, extensions
 from .base import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_ELEMENTS,
@@ -78,27 +76,15 @@ _ACCEL_API_VERSION: Final = 2
 
 def _load_accelerator() -> _Accelerator | None:
     """The C extension, bound to the model classes; None when absent, stale or turned off."""
-    if os.environ.get("INFERWIRE_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from . import _delta_accel
-    except ImportError:
-        return None  # not built (a pure-Python install): the Python paths do all the work
-    try:
-        if getattr(_delta_accel, "API_VERSION", None) != _ACCEL_API_VERSION:
-            raise TypeError("its API version differs")
-        _delta_accel.configure(
+    accel: _Accelerator | None = extensions.load(
+        "_delta_accel",
+        _ACCEL_API_VERSION,
+        lambda module: module.configure(
             TokenChunk, TokenLogprob, TopLogprob, Usage, MAX_TABLE_ENTRIES, MAX_INTERNED_CHARS
-        )
-    except (TypeError, ValueError) as exc:  # loud in tests (warnings are errors there)
-        warnings.warn(
-            f"inferwire.codecs._delta_accel is stale ({exc}); using the pure-Python delta "
-            "codec. Rebuild it: pip install -e . (or make venv).",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
-    return _delta_accel
+        ),
+        "using the pure-Python delta codec",
+    )
+    return accel
 
 
 _accel = _load_accelerator()

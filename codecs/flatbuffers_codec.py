@@ -29,13 +29,12 @@ copy of its frame.
 
 from __future__ import annotations
 
-import os
 import struct
-import warnings
 from typing import ClassVar, Final, Literal, Protocol, TypeVar, cast
 
 import numpy as np
 
+from . import extensions
 from .base import BytesLike, Codec
 from .errors import DecodeError
 from .fbverify import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ITEMS, Buffer, verify_envelope
@@ -121,16 +120,10 @@ _ACCEL_API_VERSION: Final = 1
 
 def _load_accelerator() -> _Accelerator | None:
     """The C extension, bound to the model classes; None when absent, stale or turned off."""
-    if os.environ.get("INFERWIRE_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from . import _flatbuffers_accel
-    except ImportError:
-        return None  # not built (a pure-Python install): the reference does all the work
-    try:
-        if getattr(_flatbuffers_accel, "API_VERSION", None) != _ACCEL_API_VERSION:
-            raise TypeError("its API version differs")
-        _flatbuffers_accel.configure(
+    accel: _Accelerator | None = extensions.load(
+        "_flatbuffers_accel",
+        _ACCEL_API_VERSION,
+        lambda module: module.configure(
             TokenChunk,
             TokenLogprob,
             TopLogprob,
@@ -140,16 +133,10 @@ def _load_accelerator() -> _Accelerator | None:
             InferRequest,
             InferResponse,
             np.ndarray,
-        )
-    except (TypeError, ValueError) as exc:  # loud in tests (warnings are errors there)
-        warnings.warn(
-            f"inferwire.codecs._flatbuffers_accel is stale ({exc}); using the official "
-            "flatbuffers builder. Rebuild it: pip install -e . (or make venv).",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
-    return _flatbuffers_accel
+        ),
+        "using the official flatbuffers builder",
+    )
+    return accel
 
 
 _accel = _load_accelerator()

@@ -40,12 +40,11 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import os
 import re
-import warnings
 from collections.abc import Callable
 from typing import Final, Protocol
 
+from . import extensions
 from .errors import DepthLimitError, ElementBudgetError
 from .framing import BytesLike
 
@@ -232,25 +231,13 @@ _ACCEL_API_VERSION: Final = 1
 
 def _load_accelerator() -> _Accelerator | None:
     """The C extension, bound to the error classes; None when absent, stale or turned off."""
-    if os.environ.get("INFERWIRE_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from . import _scan
-    except ImportError:
-        return None  # not built (a pure-Python install): this module does the scan
-    try:
-        if getattr(_scan, "API_VERSION", None) != _ACCEL_API_VERSION:
-            raise TypeError("its API version differs")
-        _scan.configure(DepthLimitError, ElementBudgetError)
-    except (TypeError, ValueError) as exc:  # loud in tests (warnings are errors there)
-        warnings.warn(
-            f"inferwire.codecs._scan is stale ({exc}); using the pure-Python scan. "
-            "Rebuild it: pip install -e . (or make venv).",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return None
-    return _scan
+    accel: _Accelerator | None = extensions.load(
+        "_scan",
+        _ACCEL_API_VERSION,
+        lambda module: module.configure(DepthLimitError, ElementBudgetError),
+        "using the pure-Python scan",
+    )
+    return accel
 
 
 _py_impl: Final = _Impl(check_json=_check_json_py, check_msgpack=_check_msgpack_py)
