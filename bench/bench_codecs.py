@@ -166,7 +166,8 @@ def _run(
 @pytest.mark.parametrize(("workload", "op"), GROUPS)
 def bench_codecs_interleaved(benchmark: Any, workload: str, op: str) -> None:
     """Every codec that carries ``workload``, timed once per round in a shuffled order; for
-    encode, ``flatbuffers (builder)`` too (:func:`~inferwire.bench.measure.codec_ops.codecs_for`).
+    encode, ``flatbuffers (builder)`` too, and for a token stream's encode and decode,
+    ``protobuf (upb)`` (:func:`~inferwire.bench.measure.codec_ops.codecs_for`).
 
     ``extra_info["codecs"][codec]``: ``median_s`` and ``iqr_s`` per call (a whole stream or
     message) over the rounds, ``loops`` (calls per sample), ``wire_bytes``, ``correct``;

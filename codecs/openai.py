@@ -21,16 +21,30 @@ encodes exactly what a client of such a server receives:
 Decoding checks every field's type: a wrong type is a :class:`DecodeError` (raised by the
 caller's boundary from the ``KeyError``/``TypeError``/``ValueError`` raised here), never a
 value of the wrong type in the model.
+
+The chunk mapping is compiled (:mod:`inferwire.codecs._openai_accel`, when it is built): on
+a one-token ``stream-256`` chunk, ``chunk_from_obj`` in Python cost as much as orjson.loads
+(0.69 us each) and ``chunk_to_obj`` 2.4x orjson.dumps (0.48 us against 0.20 us), so the
+mapping, not the JSON library, was most of a dict codec's per-chunk cost. Compiled, they take
+0.17 us and 0.33 us (what is left is allocating the dicts), and the orjson codec decodes such
+a chunk in 1.1 us instead of 1.8, encodes it in 0.61 us instead of 0.78. :func:`chunk_to_obj`
+and :func:`chunk_from_obj` are the compiled functions, with the signatures of their Python
+references :func:`chunk_to_obj_reference` and :func:`chunk_from_obj_reference`. They take
+the shapes a stream has (exact model types; exact dicts, lists and field types; the default
+``number`` and no ``position``) and call the reference with the same arguments for anything
+else, so the dict, the chunk or the exception is the reference's. ``INFERWIRE_PURE_PYTHON=1``
+in the environment, read at import, leaves the extension unused.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 
+from . import extensions
 from .errors import DecodeError, EncodeError
 from .model import (
     EmbeddingBatch,
@@ -39,6 +53,7 @@ from .model import (
     Tensor,
     TokenChunk,
     TokenLogprob,
+    TopLogprob,
     Usage,
     new_token_chunk,
     new_token_logprob,
@@ -89,7 +104,11 @@ def logprobs_content(logprobs: tuple[TokenLogprob, ...]) -> list[Obj]:
     return [_logprob_obj(lp, _finite) for lp in logprobs]
 
 
-def chunk_to_obj(chunk: TokenChunk, *, binary: bool = False, extensions: bool = True) -> Obj:
+def chunk_to_obj_reference(
+    chunk: TokenChunk, *, binary: bool = False, extensions: bool = True
+) -> Obj:
+    """The ``chat.completion.chunk`` of ``chunk`` (the reference of the compiled
+    :func:`chunk_to_obj`)."""
     # MessagePack carries any double bit for bit; JSON has no text for NaN or infinities.
     number = _any if binary else _finite
     delta: Obj = (
@@ -179,13 +198,14 @@ def _token_logprob(obj: Obj, number: Callable[[Any], float]) -> TokenLogprob:
     )
 
 
-def chunk_from_obj(
+def chunk_from_obj_reference(
     obj: Obj, number: Callable[[Any], float] = _float, *, position: int | None = None
 ) -> TokenChunk:
-    """The chunk in ``obj``; ``number`` reads each logprob (:func:`finite_float` for a parser
-    that reads ``1e400`` as infinity). With a ``position`` (the chunk's place in its stream),
-    the chunk may lack inferwire's extensions, as an OpenAI-compatible server writes it (see
-    the module docstring); without, it must carry them."""
+    """The chunk in ``obj`` (the reference of the compiled :func:`chunk_from_obj`); ``number``
+    reads each logprob (:func:`finite_float` for a parser that reads ``1e400`` as infinity).
+    With a ``position`` (the chunk's place in its stream), the chunk may lack inferwire's
+    extensions, as an OpenAI-compatible server writes it (see the module docstring); without,
+    it must carry them."""
     if obj["object"] != CHUNK_OBJECT:
         raise DecodeError(f"not a {CHUNK_OBJECT}: object={obj['object']!r}")
     choices = obj["choices"]
@@ -223,6 +243,62 @@ def chunk_from_obj(
         None if finish_reason is None else _str(finish_reason),
         _usage(obj.get("usage")),
     )
+
+
+# --- the compiled mapping ------------------------------------------------------------------
+
+
+class _Accelerator(Protocol):
+    """What the C extension provides (codecs/_openai_accel.c; its stub has the details)."""
+
+    API_VERSION: int
+
+    def chunk_to_obj(
+        self, chunk: TokenChunk, *, binary: bool = False, extensions: bool = True
+    ) -> Obj: ...
+
+    def chunk_from_obj(
+        self, obj: Obj, number: Callable[[Any], float] = _float, *, position: int | None = None
+    ) -> TokenChunk: ...
+
+
+_ACCEL_API_VERSION: Final = 1
+
+
+def _load_accelerator() -> _Accelerator | None:
+    """The C extension, bound to the model classes and the references; None when absent,
+    stale or turned off."""
+    accel: _Accelerator | None = extensions.load(
+        "_openai_accel",
+        _ACCEL_API_VERSION,
+        lambda module: module.configure(
+            TokenChunk,
+            TokenLogprob,
+            TopLogprob,
+            Usage,
+            chunk_to_obj_reference,
+            chunk_from_obj_reference,
+            _float,
+        ),
+        "using the pure-Python chunk mapping",
+    )
+    return accel
+
+
+_accel = _load_accelerator()
+
+
+def accelerated() -> bool:
+    """Whether :func:`chunk_to_obj` and :func:`chunk_from_obj` are the compiled ones."""
+    return _accel is not None
+
+
+# With the references' signatures: the compiled functions hand what they do not take to them.
+chunk_to_obj = chunk_to_obj_reference
+chunk_from_obj = chunk_from_obj_reference
+if _accel is not None:
+    chunk_to_obj = _accel.chunk_to_obj
+    chunk_from_obj = _accel.chunk_from_obj
 
 
 def embeddings_to_obj(batch: EmbeddingBatch, *, binary: bool) -> Obj:

@@ -17,6 +17,7 @@ from inferwire.bench.measure import codec_ops
 from inferwire.bench.measure.codec_rounds import Rounds
 from inferwire.bench.report import claims, codecs, readme
 from inferwire.bench.report.results import CODECS_RAW, Result, codec_results
+from inferwire.codecs import protobuf_codec as pc
 
 COMMITTED = Path(__file__).resolve().parents[1] / "results" / "raw" / CODECS_RAW
 
@@ -186,6 +187,50 @@ def test_whole_streams_read_the_encode_decode_benchmark(results: list[Result]) -
     row = next(line for line in text.splitlines() if line.startswith("| `protobuf`"))
     assert row.split(" | ")[-2:] == ["2.50x", "1.25x |"]
     assert "stream-2048-top5" not in text  # not in this run: no table
+
+
+UPB_OPS = ("encode", "decode")
+
+
+def _with_protobuf_upb(tmp_path: Path) -> list[Result]:
+    """RUN, with protobuf's upb path timed for stream-2048's encode and decode, as
+    ``codec_ops.codecs_for`` adds it."""
+    run = []
+    for bench in RUN:
+        info = bench["extra_info"]
+        if "codecs" in info and info["workload"] == "stream-2048" and info["op"] in UPB_OPS:
+            info = json.loads(json.dumps(info))
+            info["codecs"][codecs.PROTOBUF_UPB] = {**info["codecs"]["protobuf"], "median_s": 4e-3}
+            info["vs_json"][codecs.PROTOBUF_UPB] = 2.5 / 4
+            bench = {**bench, "extra_info": info}
+        run.append(bench)
+    return codec_results(_write(tmp_path, run))[0]
+
+
+def test_the_protobuf_upb_row_has_encode_and_decode_and_says_what_it_is(tmp_path: Path) -> None:
+    assert codec_ops.PROTOBUF_UPB == codecs.PROTOBUF_UPB
+    results = _with_protobuf_upb(tmp_path)
+    text = codecs.codec_tables(results)
+    row = next(line for line in text.splitlines() if line.startswith("| `protobuf (upb)` |"))
+    cells = row.split(" | ")
+    assert cells[4].startswith("1.95 us")  # encode per chunk: 4 ms / 2048
+    assert cells[5].startswith("1.95 us")  # and decode
+    assert cells[7:9] == ["0.62x", "0.62x"]
+    assert "`protobuf (upb)`: the same bytes and chunks as `protobuf`" in text.split("###")[0]
+    # not a whole-stream row, not without its round-trip benchmark
+    assert "protobuf (upb)" not in codecs.whole_stream_table(results)
+    assert "protobuf (upb)" not in codecs.codec_tables(codec_results(_write(tmp_path, RUN))[0])
+
+
+def test_the_upb_variant_is_timed_for_token_streams_only() -> None:
+    if not pc.accelerated():
+        pytest.skip("the compiled protobuf marshalling is not built")
+    for op in ("encode", "decode"):
+        found = codec_ops.codecs_for("stream-16", op)
+        assert list(found).index(codec_ops.PROTOBUF_UPB) == list(found).index("protobuf") + 1
+        assert found[codec_ops.PROTOBUF_UPB].marshal == "upb"  # type: ignore[attr-defined]
+    assert codec_ops.PROTOBUF_UPB not in codec_ops.codecs_for("stream-16", "decode+read")
+    assert codec_ops.PROTOBUF_UPB not in codec_ops.codecs_for("embed-1x384", "encode")
 
 
 def test_memcpy_target_reads_the_paired_share(results: list[Result]) -> None:

@@ -2,11 +2,13 @@
 stream through the stream encoder/decoder, framing included, or one unary message), the
 wrapper levels of :mod:`inferwire.bench.measure.baselines`, and the check of each result.
 
-Beside the registered codecs, the suite times one variant: ``flatbuffers (builder)``, the
+Beside the registered codecs, the suite times two variants: ``flatbuffers (builder)``, the
 FlatBuffers codec on the official ``flatbuffers.Builder`` (its reference path), next to
-``flatbuffers`` on its compiled encoder. The bytes are the same, so the two rows tell the
-format's cost from the library's. It is a bench-side variant, not a registered codec name:
-every parametrized codec and transport test runs over ``ic.names()``, and would run it too.
+``flatbuffers`` on its compiled encoder; and ``protobuf (upb)``, the protobuf codec marshalling
+token chunks through upb's messages (its reference path), next to ``protobuf`` on its compiled
+marshalling. The bytes (and decoded values) are the same, so each pair of rows tells the
+format's cost from the library's. They are bench-side variants, not registered codec names:
+every parametrized codec and transport test runs over ``ic.names()``, and would run them too.
 """
 
 from __future__ import annotations
@@ -19,13 +21,17 @@ from typing import Any, Final
 import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.bench.measure.baselines import BASELINES, read_all
-from inferwire.codecs import flatbuffers_codec
+from inferwire.codecs import flatbuffers_codec, protobuf_codec
 
 ROUND_TRIP_OP: Final = "encode+decode"
 FLATBUFFERS_BUILDER: Final = "flatbuffers (builder)"
 """The FlatBuffers codec on the official builder: the variant the suite times beside it."""
 VARIANT_OPS: Final = ("encode",)
 """What a variant is timed for: the builder differs from the codec's default in encode only."""
+PROTOBUF_UPB: Final = "protobuf (upb)"
+"""The protobuf codec marshalling through upb's messages: the variant the suite times beside it."""
+PROTOBUF_UPB_OPS: Final = ("encode", "decode")
+"""Its marshalling differs from the codec's default both ways, for token chunks only."""
 
 
 @functools.cache
@@ -34,10 +40,17 @@ def flatbuffers_builder() -> ic.Codec:
     return ic.get("flatbuffers", builder="reference")
 
 
+@functools.cache
+def protobuf_upb() -> ic.Codec:
+    """One instance, so :func:`stream_frames` encodes its streams once."""
+    return ic.get("protobuf", marshal="upb")
+
+
 def codecs_for(workload: str, op: str) -> dict[str, ic.Codec]:
     """Every registered codec that carries ``workload``, in registry order, and after
-    ``flatbuffers`` its builder variant for :data:`VARIANT_OPS` (when the compiled encoder is
-    the codec's default; without it the two would be the same path)."""
+    ``flatbuffers`` its builder variant for :data:`VARIANT_OPS`, after ``protobuf`` (for token
+    chunks) its upb variant for :data:`PROTOBUF_UPB_OPS` (each when the compiled path is the
+    codec's default; without it the two would be the same path)."""
     type_ = type(workloads.get(workload).messages()[0])
     out: dict[str, ic.Codec] = {}
     for name in ic.names():
@@ -47,6 +60,13 @@ def codecs_for(workload: str, op: str) -> dict[str, ic.Codec]:
         out[name] = codec
         if name == "flatbuffers" and op in VARIANT_OPS and flatbuffers_codec.accelerated():
             out[FLATBUFFERS_BUILDER] = flatbuffers_builder()
+        if (
+            name == "protobuf"
+            and type_ is ic.TokenChunk
+            and op in PROTOBUF_UPB_OPS
+            and protobuf_codec.accelerated()
+        ):
+            out[PROTOBUF_UPB] = protobuf_upb()
     return out
 
 

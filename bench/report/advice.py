@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Final
 
 from . import serving
+from .codecs import VARIANTS
 from .results import CODECS_RAW, CONNECTIONS_RAW, STAGES_RAW, TRANSPORTS_RAW, records
 from .tables import table
 
@@ -65,12 +66,13 @@ def _interleaved(raw_dir: Path) -> dict[tuple[str, str], Interleaved]:
         codecs = info.get("codecs")
         if not isinstance(codecs, Mapping) or "vs_json" not in info:
             continue
+        # a variant is a codec on its reference path, not a choice of its own
         found[(info["workload"], info["op"])] = Interleaved(
             workload=info["workload"],
             op=info["op"],
-            median_s={c: float(v["median_s"]) for c, v in codecs.items()},
-            wire_bytes={c: int(v["wire_bytes"]) for c, v in codecs.items()},
-            vs_json={c: float(v) for c, v in info["vs_json"].items()},
+            median_s={c: float(v["median_s"]) for c, v in codecs.items() if c not in VARIANTS},
+            wire_bytes={c: int(v["wire_bytes"]) for c, v in codecs.items() if c not in VARIANTS},
+            vs_json={c: float(v) for c, v in info["vs_json"].items() if c not in VARIANTS},
         )
     return found
 

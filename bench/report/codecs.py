@@ -29,6 +29,10 @@ WRAPPER_OPS: Final = ("encode", "decode")
 SMALLEST_TENSOR_WORKLOAD = "embed-1x384"
 LARGEST_TENSOR_WORKLOAD = "image-fp32"
 FLATBUFFERS_BUILDER = "flatbuffers (builder)"
+PROTOBUF_UPB = "protobuf (upb)"
+VARIANTS: Final = (FLATBUFFERS_BUILDER, PROTOBUF_UPB)
+"""Codecs timed on their reference path beside their default (bench/measure/codec_ops.py): rows
+of the codec tables, never an answer or a whole-stream row of their own."""
 FLATBUFFERS_ENCODE_TARGET = 1.0
 
 
@@ -98,6 +102,16 @@ def codec_tables(
             "`flatbuffers.Builder` (pure Python), the codec's reference path, where `flatbuffers` "
             "uses its compiled encoder: the library's cost beside the format's (encode only; "
             "decode is the same path).",
+            "",
+        ]
+    if any(r.codec == PROTOBUF_UPB for r in results):
+        out += [
+            f"`{PROTOBUF_UPB}`: the same bytes and chunks as `protobuf`, marshalled through "
+            "upb's generated messages (the model's values set on a upb message, then "
+            "`SerializeToString`; `ParseFromString`, then the values read back out), the "
+            "codec's reference path, where `protobuf` writes and reads token chunks in its "
+            "compiled extension: what building and reading upb's messages from Python costs, "
+            "beside upb's own parsing and serializing (token streams, encode and decode).",
             "",
         ]
     out += [
@@ -396,7 +410,7 @@ def whole_stream_table(results: list[Result]) -> str:
     for workload in WHOLE_STREAM_WORKLOADS:
         rows = []
         for r in results:
-            if r.workload != workload or r.op != "encode":
+            if r.workload != workload or r.op != "encode" or r.codec in VARIANTS:
                 continue
             dec = by_key.get((r.codec, workload, "decode"))
             both = by_key.get((r.codec, workload, ROUND_TRIP_OP))
