@@ -7,13 +7,10 @@ written as JSON arrays of numbers.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import orjson
 
-from .base import BytesLike
 from .dict_codec import DictCodec, Framing
 
 
@@ -31,11 +28,3 @@ class OrjsonCodec(DictCodec):
     # work on a small chunk's dict.
     dumps = staticmethod(orjson.dumps)  # type: ignore[assignment]
     loads = staticmethod(orjson.loads)  # type: ignore[assignment]
-
-    def _decoder_of(self, type_: type[Any] | None) -> Callable[[BytesLike], Any]:
-        """One message of ``type_`` without :meth:`decode`'s lookup by type: a stream
-        decoder calls it once a frame."""
-        from_obj = self._from_obj.get(self.default_stream_type if type_ is None else type_)
-        if not self.extensions or from_obj is None:
-            return super()._decoder_of(type_)
-        return functools.partial(self._decode, from_obj=from_obj)
