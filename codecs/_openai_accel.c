@@ -373,9 +373,12 @@ logprobs_obj(PyObject *logprobs, int binary)
         PyList_SET_ITEM(content, i, entry);
     }
     PyObject *obj = content == NULL ? NULL : new_dict(D_LOGPROBS);
-    if (obj == NULL || put(obj, K_CONTENT, content) < 0) {
-        Py_XDECREF(obj);
+    if (obj == NULL) {
         Py_XDECREF(content);
+        return NULL;
+    }
+    if (put(obj, K_CONTENT, content) < 0) { /* put released content */
+        Py_DECREF(obj);
         return NULL;
     }
     return obj;

@@ -599,7 +599,11 @@ read_len(const uint8_t *data, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t *start
          Py_ssize_t *stop)
 {
     uint64_t length;
-    if (!read_varint(data, pos, end, &length) || length > (uint64_t)(end - *pos)) {
+    Py_ssize_t at = *pos;
+    /* upb reads a length in at most 5 bytes and below 2**31 (_upb_WireReader_ReadLongSize) and
+     * refuses a longer one as corrupt: such input goes back to it. */
+    if (!read_varint(data, pos, end, &length) || *pos - at > 5 || length > INT32_MAX ||
+        length > (uint64_t)(end - *pos)) {
         return 0;
     }
     *start = *pos;
@@ -928,7 +932,9 @@ parse_chunk(const uint8_t *data, Py_ssize_t end, uint64_t left, PyObject **out)
         goto done;
     }
     for (Py_ssize_t i = 0, at = ids_start; i < count; i++) {
-        BAIL_IF(!read_varint(data, &at, ids_stop, &number)); /* counted above, read again */
+        /* counted above, read again, and checked again: the input may be a bytearray that
+         * a collection run by an allocation since (a __del__) rewrote in place */
+        BAIL_IF(!read_varint(data, &at, ids_stop, &number) || number >= UINT32_LIMIT);
         PyObject *token_id = PyLong_FromUnsignedLongLong(number);
         if (token_id == NULL) {
             step = STEP_ERROR;

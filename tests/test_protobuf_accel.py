@@ -695,6 +695,11 @@ NOT_CANONICAL: dict[str, bytes] = {
     "length-past-the-end": _s(7, b"abc")[:-1],
     "length-past-the-submessage": _s(8, b"\x0a\x05\x0a\x01a"),
     "logprob-cut": _s(8, _s(1, key(2, I64) + b"\x00\x00")),
+    # upb reads a length in at most 5 bytes (and below 2**31): longer is corrupt to it
+    "six-byte-length-id": key(1, LEN) + b"\x81\x80\x80\x80\x80\x00" + b"a",
+    "six-byte-length-token-ids": key(6, LEN) + b"\x81\x80\x80\x80\x80\x00" + b"\x05",
+    "six-byte-length-logprobs": key(8, LEN) + b"\x80\x80\x80\x80\x80\x00",
+    "length-over-int32": key(7, LEN) + varint(2**31) + b"a",
 }
 
 
@@ -709,6 +714,36 @@ def test_a_non_minimal_varint_of_the_same_value_decodes_the_same() -> None:
     """Taken or not, the value is upb's."""
     check_same_decode(key(5, VARINT) + b"\x81\x00")
     check_same_decode(_s(6, b"\x81\x80\x00"))
+    check_same_decode(key(1, LEN) + b"\x81\x80\x80\x80\x00" + b"a")  # a 5-byte length
+
+
+def test_a_bytearray_rewritten_during_the_decode_gives_no_id_upb_could_not() -> None:
+    """The token ids are read twice (counted, then built), and between the two an allocation
+    can run a collection whose ``__del__`` rewrites the bytearray in place (it cannot resize
+    it: the buffer is held). Whatever the decode returns keeps every id a uint32."""
+    ids = bytes.fromhex("ffffff7f8101")  # 2**28 - 1, 129
+    rewritten = bytes.fromhex("ffffffff1f01")  # the same length: 2**33 - 1, 1
+    entry = _s(1, b"a")
+    message = bytearray(_s(6, ids) + _s(8, _s(1, entry)))
+
+    class Rewriter:
+        def __del__(self) -> None:
+            message[2:8] = rewritten
+
+    thresholds = gc.get_threshold()
+    try:
+        for _ in range(50):
+            message[2:8] = ids
+            gc.collect()
+            gc.set_threshold(1, 1000, 1000)
+            cycle = Rewriter()
+            cycle.self = cycle  # type: ignore[attr-defined]
+            del cycle
+            chunk = ACCEL.decode_chunk(message, BUDGET)
+            gc.set_threshold(*thresholds)
+            assert chunk is None or all(token_id < 2**32 for token_id in chunk.token_ids)
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 def test_an_empty_message_is_the_default_chunk() -> None:
