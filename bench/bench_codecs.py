@@ -32,6 +32,7 @@ from inferwire import workloads
 from inferwire.bench.measure.baselines import BASELINES, read_all
 from inferwire.bench.measure.codec_ops import (
     FLATBUFFERS_BUILDER,
+    PROTOBUF_UPB,
     ROUND_TRIP_OP,
     codecs_for,
     decode_stream,
@@ -454,14 +455,22 @@ def bench_flatbuffers_encode(benchmark: Any, workload: str, baseline: str) -> No
 
     ``paired_ratio``: flatbuffers / ``baseline`` per round, the median over interleaved rounds
     of calibrated samples; ``builder_paired_ratio``: the builder / ``baseline``;
-    ``builder_vs_compiled``: the builder / flatbuffers (what the compiled encoder saves)."""
+    ``builder_vs_compiled``: the builder / flatbuffers (what the compiled encoder saves);
+    ``upb_paired_ratio``: flatbuffers / protobuf through upb's messages, for token chunks
+    (protobuf's own path there is compiled too)."""
     if not flatbuffers_codec.accelerated():
         pytest.skip("the FlatBuffers C extension is not built, or INFERWIRE_PURE_PYTHON is set")
+    variants = codecs_for(workload, "encode")
     codecs = {
         "flatbuffers": ic.get("flatbuffers"),
-        FLATBUFFERS_BUILDER: codecs_for(workload, "encode")[FLATBUFFERS_BUILDER],
+        FLATBUFFERS_BUILDER: variants[FLATBUFFERS_BUILDER],
         baseline: ic.get(baseline),
     }
+    # protobuf's chunks are marshalled in C too: its upb path beside it, the comparison the
+    # target was first set against (both encoders then compiled, or the library's own)
+    upb = baseline == "protobuf" and PROTOBUF_UPB in variants
+    if upb:
+        codecs[PROTOBUF_UPB] = variants[PROTOBUF_UPB]
     ops = {name: operation(codec, workload, "encode") for name, codec in codecs.items()}
     benchmark.group = f"targets {workload}"
     benchmark.extra_info["baseline"] = baseline
@@ -484,6 +493,7 @@ def bench_flatbuffers_encode(benchmark: Any, workload: str, baseline: str) -> No
         paired_ratio=rounds.ratio("flatbuffers", baseline),
         builder_paired_ratio=rounds.ratio(FLATBUFFERS_BUILDER, baseline),
         builder_vs_compiled=rounds.ratio(FLATBUFFERS_BUILDER, "flatbuffers"),
+        upb_paired_ratio=rounds.ratio("flatbuffers", PROTOBUF_UPB) if upb else None,
         rounds=rounds.rounds,
         median_s={name: rounds.median_s(name) for name in ops},
         wire_bytes_by_codec={name: op.wire_bytes for name, op in ops.items()},

@@ -435,3 +435,24 @@ def test_flatbuffers_encode_targets_read_the_paired_ratio_per_chunk_and_per_mess
     assert chunk[4] == "met"
     assert message[2].startswith("1.20x")
     assert message[4] == "**missed**"
+
+
+def test_flatbuffers_against_protobuf_reads_both_protobuf_paths(tmp_path: Path) -> None:
+    """Protobuf's chunks compiled too: the row against the codec as it runs, and one against
+    its upb path from the same rounds, each judged on its own."""
+    record = _flatbuffers_encode("stream-256", "protobuf", 1.4)
+    record["extra_info"]["upb_paired_ratio"] = 0.2
+    rows = {
+        row[0]: row
+        for row in codecs.target_rows(codec_results(_write(tmp_path, [record]))[0])
+        if row[0].startswith("`flatbuffers` encode")
+    }
+    compiled = rows[
+        "`flatbuffers` encode <= `protobuf` encode (its chunks compiled too), per chunk "
+        "(`stream-256`)"
+    ]
+    upb = rows["`flatbuffers` encode <= `protobuf (upb)` encode, per chunk (`stream-256`)"]
+    assert compiled[2].startswith("1.40x")
+    assert compiled[4] == "**missed**"
+    assert upb[2].startswith("0.20x")
+    assert upb[4] == "met"

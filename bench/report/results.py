@@ -47,6 +47,9 @@ class Result:
     """library / codec, the same way."""
     paired_ratio_unary: float | None = None
     """delta / orjson with orjson unframed (the delta time target's second reading)."""
+    paired_ratio_upb: float | None = None
+    """flatbuffers / protobuf through upb's messages (the FlatBuffers encode target's reading
+    against protobuf's library path, its own being compiled)."""
     paired_vs_json: float | None = None
     """json's time / this codec's in the same rounds (a speed-up; the library level: json's
     library call / this one's)."""
@@ -162,6 +165,7 @@ def _single(bench: dict[str, Any]) -> Result:
         "paired_ratio": "paired_ratio",
         "paired_library_share": "paired_library_share",
         "paired_ratio_unary": "paired_ratio_unary",
+        "paired_ratio_upb": "upb_paired_ratio",
     }
     return Result(
         codec=info["codec"],
@@ -176,6 +180,7 @@ def _single(bench: dict[str, Any]) -> Result:
         paired_ratio=info.get("paired_ratio"),
         paired_library_share=info.get("paired_library_share"),
         paired_ratio_unary=info.get("paired_ratio_unary"),
+        paired_ratio_upb=info.get("upb_paired_ratio"),
         repeats=_repeats(info, paths),
     )
 
