@@ -34,6 +34,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_model_slots.h"
+
 /* Bumped when an argument list changes: delta_codec ignores a stale build that disagrees.
  * 2: encode_frame and decode_frames take the wire format's float32 flag. */
 #define API_VERSION 2
@@ -55,23 +57,6 @@ enum { STEP_OK = 0, STEP_BAIL = 1, STEP_ERROR = -1 };
 
 /* ---- the model classes, written through their slots --------------------------------------- */
 
-enum { C_ID, C_MODEL, C_CREATED, C_INDEX, C_SEQ, C_TOKEN_IDS, C_TEXT, C_LOGPROBS, C_FINISH, C_USAGE,
-       C_FIELDS };
-enum { L_TOKEN, L_LOGPROB, L_TOP, L_FIELDS };
-enum { T_TOKEN, T_LOGPROB, T_FIELDS };
-enum { U_PROMPT, U_COMPLETION, U_FIELDS };
-
-static const char *const CHUNK_FIELDS[C_FIELDS] = {
-    "id", "model", "created", "index", "seq", "token_ids", "text", "logprobs", "finish_reason",
-    "usage"};
-static const char *const LOGPROB_FIELDS[L_FIELDS] = {"token", "logprob", "top"};
-static const char *const TOP_FIELDS[T_FIELDS] = {"token", "logprob"};
-static const char *const USAGE_FIELDS[U_FIELDS] = {"prompt_tokens", "completion_tokens"};
-
-typedef struct {
-    PyTypeObject *type;
-    Py_ssize_t offsets[C_FIELDS];
-} ModelClass;
 
 static struct {
     int configured;
@@ -83,68 +68,6 @@ static struct {
 
 #define SLOT(obj, cls, field) (*(PyObject **)((char *)(obj) + S.cls.offsets[field]))
 
-/* Find each field's slot offset from the class's member descriptor: the frozen, slotted
- * dataclasses of codecs/model.py. model.py builds the same objects through the same
- * descriptors (object.__new__, then each slot's __set__). */
-static int
-bind_class(ModelClass *cls, PyObject *type, const char *const *names, Py_ssize_t count)
-{
-    if (!PyType_Check(type)) {
-        PyErr_SetString(PyExc_TypeError, "configure() takes the model classes");
-        return -1;
-    }
-    PyTypeObject *tp = (PyTypeObject *)type;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *descr = PyObject_GetAttrString(type, names[i]);
-        if (descr == NULL) {
-            return -1;
-        }
-        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                 ((PyMemberDescrObject *)descr)->d_common.d_type == tp;
-        if (ok) {
-            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-            ok = member->type == T_OBJECT_EX && !(member->flags & READONLY) &&
-                 member->offset >= (Py_ssize_t)sizeof(PyObject) &&
-                 member->offset + (Py_ssize_t)sizeof(PyObject *) <= tp->tp_basicsize;
-            cls->offsets[i] = member->offset;
-        }
-        Py_DECREF(descr);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot of a slotted class", tp->tp_name,
-                         names[i]);
-            return -1;
-        }
-    }
-    /* exactly these slots (no other field this module would leave unset), and no __dict__ */
-    if (tp->tp_basicsize != (Py_ssize_t)(sizeof(PyObject) + count * sizeof(PyObject *)) ||
-        tp->tp_dictoffset != 0 || tp->tp_alloc == NULL || tp->tp_itemsize != 0) {
-        PyErr_Format(PyExc_TypeError, "%s has other fields than this module writes",
-                     tp->tp_name);
-        return -1;
-    }
-    Py_INCREF(type);
-    Py_XSETREF(cls->type, tp);
-    return 0;
-}
-
-/* A new instance with its slots set to values, whose references it steals (all of them, also
- * on failure). */
-static PyObject *
-new_instance(const ModelClass *cls, PyObject **values, Py_ssize_t count)
-{
-    PyObject *obj = cls->type->tp_alloc(cls->type, 0);
-    if (obj == NULL) {
-        for (Py_ssize_t i = 0; i < count; i++) {
-            Py_DECREF(values[i]);
-        }
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        *(PyObject **)((char *)obj + cls->offsets[i]) = values[i];
-    }
-    return obj;
-}
-
 static PyObject *
 configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -155,10 +78,10 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     S.configured = 0;
-    if (bind_class(&S.chunk, args[0], CHUNK_FIELDS, C_FIELDS) < 0 ||
-        bind_class(&S.logprob, args[1], LOGPROB_FIELDS, L_FIELDS) < 0 ||
-        bind_class(&S.top, args[2], TOP_FIELDS, T_FIELDS) < 0 ||
-        bind_class(&S.usage, args[3], USAGE_FIELDS, U_FIELDS) < 0) {
+    if (bind_class_exact(&S.chunk, args[0], CHUNK_FIELDS, C_FIELDS) < 0 ||
+        bind_class_exact(&S.logprob, args[1], LOGPROB_FIELDS, L_FIELDS) < 0 ||
+        bind_class_exact(&S.top, args[2], TOP_FIELDS, T_FIELDS) < 0 ||
+        bind_class_exact(&S.usage, args[3], USAGE_FIELDS, U_FIELDS) < 0) {
         return NULL;
     }
     Py_ssize_t max_entries = PyLong_AsSsize_t(args[4]);

@@ -37,6 +37,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_model_slots.h"
+
 /* Bumped when an argument list changes: flatbuffers_codec ignores a stale build. */
 #define API_VERSION 1
 
@@ -66,30 +68,15 @@ enum { STEP_OK = 0, STEP_BAIL = 1, STEP_ERROR = -1 };
 
 /* ---- the model classes, read through their slots ------------------------------------------ */
 
-enum { C_ID, C_MODEL, C_CREATED, C_INDEX, C_SEQ, C_TOKEN_IDS, C_TEXT, C_LOGPROBS, C_FINISH, C_USAGE,
-       C_FIELDS };
-enum { L_TOKEN, L_LOGPROB, L_TOP, L_FIELDS };
-enum { T_TOKEN, T_LOGPROB, T_FIELDS };
-enum { U_PROMPT, U_COMPLETION, U_FIELDS };
 enum { E_MODEL, E_VECTORS, E_USAGE, E_FIELDS };
 enum { X_NAME, X_DATATYPE, X_SHAPE, X_DATA, X_FIELDS };
 enum { R_MODEL, R_ID, R_TENSORS, R_FIELDS };
 
-static const char *const CHUNK_FIELDS[C_FIELDS] = {
-    "id", "model", "created", "index", "seq", "token_ids", "text", "logprobs", "finish_reason",
-    "usage"};
-static const char *const LOGPROB_FIELDS[L_FIELDS] = {"token", "logprob", "top"};
-static const char *const TOP_FIELDS[T_FIELDS] = {"token", "logprob"};
-static const char *const USAGE_FIELDS[U_FIELDS] = {"prompt_tokens", "completion_tokens"};
 static const char *const EMBEDDING_FIELDS[E_FIELDS] = {"model", "vectors", "usage"};
 static const char *const TENSOR_FIELDS[X_FIELDS] = {"name", "datatype", "shape", "data"};
 static const char *const REQUEST_FIELDS[R_FIELDS] = {"model", "id", "inputs"};
 static const char *const RESPONSE_FIELDS[R_FIELDS] = {"model", "id", "outputs"};
 
-typedef struct {
-    PyTypeObject *type;
-    Py_ssize_t offsets[C_FIELDS];
-} ModelClass;
 
 static struct {
     int configured;
@@ -99,42 +86,6 @@ static struct {
 
 /* A field of a model object: a borrowed reference, NULL if never set. */
 #define FIELD(obj, cls, field) (*(PyObject **)((char *)(obj) + S.cls.offsets[field]))
-
-/* Find each field's slot offset from the class's member descriptor: the frozen, slotted
- * dataclasses of codecs/model.py (as _delta_accel.c binds them). */
-static int
-bind_class(ModelClass *cls, PyObject *type, const char *const *names, Py_ssize_t count)
-{
-    if (!PyType_Check(type)) {
-        PyErr_SetString(PyExc_TypeError, "configure() takes the model classes");
-        return -1;
-    }
-    PyTypeObject *tp = (PyTypeObject *)type;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *descr = PyObject_GetAttrString(type, names[i]);
-        if (descr == NULL) {
-            return -1;
-        }
-        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-                 ((PyMemberDescrObject *)descr)->d_common.d_type == tp;
-        if (ok) {
-            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-            ok = member->type == T_OBJECT_EX && !(member->flags & READONLY) &&
-                 member->offset >= (Py_ssize_t)sizeof(PyObject) &&
-                 member->offset + (Py_ssize_t)sizeof(PyObject *) <= tp->tp_basicsize;
-            cls->offsets[i] = member->offset;
-        }
-        Py_DECREF(descr);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot of a slotted class", tp->tp_name,
-                         names[i]);
-            return -1;
-        }
-    }
-    Py_INCREF(type);
-    Py_XSETREF(cls->type, tp);
-    return 0;
-}
 
 /* ---- the builder ---------------------------------------------------------------------------- */
 
