@@ -35,16 +35,15 @@
 #include <string.h>
 
 #include "_model_slots.h"
+#include "_wire_buf.h"
 
 /* Bumped when an argument list changes: delta_codec ignores a stale build that disagrees.
  * 2: encode_frame and decode_frames take the wire format's float32 flag. */
 #define API_VERSION 2
 
-#define MAX_VARINT_BYTES 10
 #define MAX_SCALE 22
 #define MAX_EXACT ((int64_t)1 << 53)
 #define UINT32_LIMIT ((uint64_t)1 << 32)
-#define SMALL_BUF 512
 
 /* 10.0 ** k for k <= 22: every one an exact double (delta_wire._POW10). */
 static const double POW10[MAX_SCALE + 1] = {
@@ -78,10 +77,7 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     S.configured = 0;
-    if (bind_class_exact(&S.chunk, args[0], CHUNK_FIELDS, C_FIELDS) < 0 ||
-        bind_class_exact(&S.logprob, args[1], LOGPROB_FIELDS, L_FIELDS) < 0 ||
-        bind_class_exact(&S.top, args[2], TOP_FIELDS, T_FIELDS) < 0 ||
-        bind_class_exact(&S.usage, args[3], USAGE_FIELDS, U_FIELDS) < 0) {
+    if (bind_chunk_classes(&S.chunk, &S.logprob, &S.top, &S.usage, args, 1) < 0) {
         return NULL;
     }
     Py_ssize_t max_entries = PyLong_AsSsize_t(args[4]);
@@ -114,36 +110,6 @@ check_configured(void)
 
 /* ---- varints -------------------------------------------------------------------------------- */
 
-/* The varint at *pos (before end): 1 and *pos past it, or 0 if cut, over 10 bytes or over 64
- * bits (pbwire.read_varint's errors: the Python path reports them). */
-static inline int
-read_varint(const uint8_t *data, Py_ssize_t *pos, Py_ssize_t end, uint64_t *out)
-{
-    Py_ssize_t at = *pos;
-    if (at < end && data[at] < 0x80) {
-        *out = data[at];
-        *pos = at + 1;
-        return 1;
-    }
-    uint64_t value = 0;
-    for (int i = 0; i < MAX_VARINT_BYTES; i++) {
-        if (at >= end) {
-            return 0;
-        }
-        uint8_t byte = data[at++];
-        if (i == MAX_VARINT_BYTES - 1 && byte > 1) {
-            return 0; /* past 64 bits, or an 11th byte */
-        }
-        value |= (uint64_t)(byte & 0x7F) << (7 * i);
-        if (byte < 0x80) {
-            *out = value;
-            *pos = at;
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /* A length-delimited field's payload at *pos: [*start, *stop) inside end. */
 static inline int
 read_len(const uint8_t *data, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t *start,
@@ -157,17 +123,6 @@ read_len(const uint8_t *data, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t *start
     *stop = *pos + (Py_ssize_t)length;
     *pos = *stop;
     return 1;
-}
-
-static inline int
-varint_size(uint64_t value)
-{
-    int size = 1;
-    while (value >= 0x80) {
-        value >>= 7;
-        size++;
-    }
-    return size;
 }
 
 static inline int64_t
@@ -184,101 +139,6 @@ zigzag(int64_t value)
 
 /* ---- the output buffer ---------------------------------------------------------------------- */
 
-typedef struct {
-    char *data;
-    Py_ssize_t len;
-    Py_ssize_t cap;
-    char small[SMALL_BUF];
-} Buf;
-
-static void
-buf_init(Buf *buf, Py_ssize_t reserved)
-{
-    buf->data = buf->small;
-    buf->cap = SMALL_BUF;
-    buf->len = reserved;
-}
-
-static void
-buf_free(Buf *buf)
-{
-    if (buf->data != buf->small) {
-        PyMem_Free(buf->data);
-    }
-}
-
-static int
-buf_grow(Buf *buf, Py_ssize_t extra)
-{
-    if (extra > PY_SSIZE_T_MAX / 4 - buf->len) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    Py_ssize_t need = buf->len + extra;
-    Py_ssize_t cap = buf->cap;
-    while (cap < need) {
-        cap *= 2;
-    }
-    char *data;
-    if (buf->data == buf->small) {
-        data = PyMem_Malloc(cap);
-        if (data != NULL) {
-            memcpy(data, buf->small, buf->len);
-        }
-    }
-    else {
-        data = PyMem_Realloc(buf->data, cap);
-    }
-    if (data == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    buf->data = data;
-    buf->cap = cap;
-    return 0;
-}
-
-static inline int
-buf_reserve(Buf *buf, Py_ssize_t extra)
-{
-    return buf->cap - buf->len >= extra ? 0 : buf_grow(buf, extra);
-}
-
-static inline int
-put_byte(Buf *buf, uint8_t byte)
-{
-    if (buf_reserve(buf, 1) < 0) {
-        return -1;
-    }
-    buf->data[buf->len++] = (char)byte;
-    return 0;
-}
-
-static inline void
-write_varint(char *out, uint64_t value)
-{
-    while (value >= 0x80) {
-        *out++ = (char)((value & 0x7F) | 0x80);
-        value >>= 7;
-    }
-    *out = (char)value;
-}
-
-static inline int
-put_varint(Buf *buf, uint64_t value)
-{
-    if (buf_reserve(buf, MAX_VARINT_BYTES) < 0) {
-        return -1;
-    }
-    if (value < 0x80) {
-        buf->data[buf->len++] = (char)value;
-        return 0;
-    }
-    write_varint(buf->data + buf->len, value);
-    buf->len += varint_size(value);
-    return 0;
-}
-
 static inline int
 put_bytes(Buf *buf, const char *bytes, Py_ssize_t size)
 {
@@ -287,35 +147,6 @@ put_bytes(Buf *buf, const char *bytes, Py_ssize_t size)
     }
     memcpy(buf->data + buf->len, bytes, size);
     buf->len += size;
-    return 0;
-}
-
-/* key, then a length-delimited payload: one byte kept for its length, fixed by end_len. */
-static inline int
-begin_len(Buf *buf, uint8_t key, Py_ssize_t *mark)
-{
-    if (put_byte(buf, key) < 0 || put_byte(buf, 0) < 0) {
-        return -1;
-    }
-    *mark = buf->len - 1;
-    return 0;
-}
-
-static int
-end_len(Buf *buf, Py_ssize_t mark)
-{
-    Py_ssize_t length = buf->len - mark - 1;
-    if (length < 0x80) {
-        buf->data[mark] = (char)length;
-        return 0;
-    }
-    int size = varint_size((uint64_t)length);
-    if (buf_reserve(buf, size - 1) < 0) {
-        return -1;
-    }
-    memmove(buf->data + mark + size, buf->data + mark + 1, length);
-    write_varint(buf->data + mark, (uint64_t)length);
-    buf->len += size - 1;
     return 0;
 }
 

@@ -1028,10 +1028,7 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     S.configured = 0;
-    if (bind_class(&S.chunk, args[0], CHUNK_FIELDS, C_FIELDS) < 0 ||
-        bind_class(&S.logprob, args[1], LOGPROB_FIELDS, L_FIELDS) < 0 ||
-        bind_class(&S.top, args[2], TOP_FIELDS, T_FIELDS) < 0 ||
-        bind_class(&S.usage, args[3], USAGE_FIELDS, U_FIELDS) < 0 ||
+    if (bind_chunk_classes(&S.chunk, &S.logprob, &S.top, &S.usage, args, 0) < 0 ||
         bind_class(&S.embedding, args[4], EMBEDDING_FIELDS, E_FIELDS) < 0 ||
         bind_class(&S.tensor, args[5], TENSOR_FIELDS, X_FIELDS) < 0 ||
         bind_class(&S.request, args[6], REQUEST_FIELDS, R_FIELDS) < 0 ||

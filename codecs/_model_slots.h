@@ -83,6 +83,22 @@ bind_class_exact(ModelClass *cls, PyObject *type, const char *const *names, Py_s
     return 0;
 }
 
+/* The classes of a token chunk (TokenChunk, TokenLogprob, TopLogprob, Usage: configure()'s
+ * first four arguments), bound exactly for a module that builds them. */
+static inline int
+bind_chunk_classes(ModelClass *chunk, ModelClass *logprob, ModelClass *top, ModelClass *usage,
+                   PyObject *const *classes, int exact)
+{
+    int (*bind)(ModelClass *, PyObject *, const char *const *, Py_ssize_t) =
+        exact ? bind_class_exact : bind_class;
+    return bind(chunk, classes[0], CHUNK_FIELDS, C_FIELDS) < 0 ||
+                   bind(logprob, classes[1], LOGPROB_FIELDS, L_FIELDS) < 0 ||
+                   bind(top, classes[2], TOP_FIELDS, T_FIELDS) < 0 ||
+                   bind(usage, classes[3], USAGE_FIELDS, U_FIELDS) < 0
+               ? -1
+               : 0;
+}
+
 /* A new instance with its slots set to values, whose references it steals (all of them, also
  * on failure). */
 static inline PyObject *

@@ -94,10 +94,7 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     S.configured = 0;
-    if (bind_class_exact(&S.chunk, args[0], CHUNK_FIELDS, C_FIELDS) < 0 ||
-        bind_class_exact(&S.logprob, args[1], LOGPROB_FIELDS, L_FIELDS) < 0 ||
-        bind_class_exact(&S.top, args[2], TOP_FIELDS, T_FIELDS) < 0 ||
-        bind_class_exact(&S.usage, args[3], USAGE_FIELDS, U_FIELDS) < 0) {
+    if (bind_chunk_classes(&S.chunk, &S.logprob, &S.top, &S.usage, args, 1) < 0) {
         return NULL;
     }
     for (int i = 4; i < 7; i++) {

@@ -42,13 +42,12 @@
 #include <string.h>
 
 #include "_model_slots.h"
+#include "_wire_buf.h"
 
 /* Bumped when an argument list changes: protobuf_codec ignores a stale build that disagrees. */
 #define API_VERSION 1
 
-#define MAX_VARINT_BYTES 10
 #define UINT32_LIMIT ((uint64_t)1 << 32)
-#define SMALL_BUF 512
 /* protobuf's 2 GiB message limit: larger goes to upb, which says what it does with it. */
 #define MAX_MESSAGE ((Py_ssize_t)0x7FFFFFFF)
 
@@ -93,10 +92,7 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "configure(TokenChunk, TokenLogprob, TopLogprob, Usage)");
         return NULL;
     }
-    if (bind_class_exact(&S.chunk, args[0], CHUNK_FIELDS, C_FIELDS) < 0 ||
-        bind_class_exact(&S.logprob, args[1], LOGPROB_FIELDS, L_FIELDS) < 0 ||
-        bind_class_exact(&S.top, args[2], TOP_FIELDS, T_FIELDS) < 0 ||
-        bind_class_exact(&S.usage, args[3], USAGE_FIELDS, U_FIELDS) < 0) {
+    if (bind_chunk_classes(&S.chunk, &S.logprob, &S.top, &S.usage, args, 1) < 0) {
         return NULL;
     }
     if (S.empty == NULL && (S.empty = PyUnicode_FromStringAndSize("", 0)) == NULL) {
@@ -118,87 +114,6 @@ check_configured(void)
 
 /* ---- encoding: the output buffer ------------------------------------------------------------ */
 
-typedef struct {
-    char *data;
-    Py_ssize_t len;
-    Py_ssize_t cap;
-    char small[SMALL_BUF];
-} Buf;
-
-static void
-buf_init(Buf *buf)
-{
-    buf->data = buf->small;
-    buf->cap = SMALL_BUF;
-    buf->len = 0;
-}
-
-static void
-buf_free(Buf *buf)
-{
-    if (buf->data != buf->small) {
-        PyMem_Free(buf->data);
-    }
-}
-
-static int
-buf_grow(Buf *buf, Py_ssize_t extra)
-{
-    if (extra > PY_SSIZE_T_MAX / 4 - buf->len) {
-        PyErr_NoMemory();
-        return STEP_ERROR;
-    }
-    Py_ssize_t need = buf->len + extra;
-    Py_ssize_t cap = buf->cap;
-    while (cap < need) {
-        cap *= 2;
-    }
-    char *data;
-    if (buf->data == buf->small) {
-        data = PyMem_Malloc(cap);
-        if (data != NULL) {
-            memcpy(data, buf->small, buf->len);
-        }
-    }
-    else {
-        data = PyMem_Realloc(buf->data, cap);
-    }
-    if (data == NULL) {
-        PyErr_NoMemory();
-        return STEP_ERROR;
-    }
-    buf->data = data;
-    buf->cap = cap;
-    return STEP_OK;
-}
-
-static inline int
-buf_reserve(Buf *buf, Py_ssize_t extra)
-{
-    return buf->cap - buf->len >= extra ? STEP_OK : buf_grow(buf, extra);
-}
-
-static inline int
-varint_size(uint64_t value)
-{
-    int size = 1;
-    while (value >= 0x80) {
-        value >>= 7;
-        size++;
-    }
-    return size;
-}
-
-static inline void
-write_varint(char *out, uint64_t value)
-{
-    while (value >= 0x80) {
-        *out++ = (char)((value & 0x7F) | 0x80);
-        value >>= 7;
-    }
-    *out = (char)value;
-}
-
 /* A one-byte key (every field number here is below 16), then a varint. */
 static inline int
 put_key_varint(Buf *buf, uint8_t key, uint64_t value)
@@ -207,42 +122,6 @@ put_key_varint(Buf *buf, uint8_t key, uint64_t value)
     buf->data[buf->len++] = (char)key;
     write_varint(buf->data + buf->len, value);
     buf->len += varint_size(value);
-    return STEP_OK;
-}
-
-static inline int
-put_varint(Buf *buf, uint64_t value)
-{
-    TRY(buf_reserve(buf, MAX_VARINT_BYTES));
-    write_varint(buf->data + buf->len, value);
-    buf->len += varint_size(value);
-    return STEP_OK;
-}
-
-/* key, then a length-delimited payload: one byte kept for its length, fixed by end_len. */
-static inline int
-begin_len(Buf *buf, uint8_t key, Py_ssize_t *mark)
-{
-    TRY(buf_reserve(buf, 2));
-    buf->data[buf->len++] = (char)key;
-    buf->data[buf->len++] = 0;
-    *mark = buf->len - 1;
-    return STEP_OK;
-}
-
-static int
-end_len(Buf *buf, Py_ssize_t mark)
-{
-    Py_ssize_t length = buf->len - mark - 1;
-    if (length < 0x80) {
-        buf->data[mark] = (char)length;
-        return STEP_OK;
-    }
-    int size = varint_size((uint64_t)length);
-    TRY(buf_reserve(buf, size - 1));
-    memmove(buf->data + mark + size, buf->data + mark + 1, length);
-    write_varint(buf->data + mark, (uint64_t)length);
-    buf->len += size - 1;
     return STEP_OK;
 }
 
@@ -472,7 +351,7 @@ encode_chunk(PyObject *module, PyObject *chunk)
         Py_RETURN_NONE;
     }
     Buf buf;
-    buf_init(&buf);
+    buf_init(&buf, 0);
     PyObject *result = NULL;
     int step = put_chunk(&buf, chunk);
     if (step == STEP_OK) {
@@ -486,36 +365,6 @@ encode_chunk(PyObject *module, PyObject *chunk)
 }
 
 /* ---- decoding ------------------------------------------------------------------------------- */
-
-/* The varint at *pos (before end): 1 and *pos past it, or 0 if cut, over 10 bytes or over 64
- * bits (upb reads some of those its own way: they are its to read). */
-static inline int
-read_varint(const uint8_t *data, Py_ssize_t *pos, Py_ssize_t end, uint64_t *out)
-{
-    Py_ssize_t at = *pos;
-    if (at < end && data[at] < 0x80) {
-        *out = data[at];
-        *pos = at + 1;
-        return 1;
-    }
-    uint64_t value = 0;
-    for (int i = 0; i < MAX_VARINT_BYTES; i++) {
-        if (at >= end) {
-            return 0;
-        }
-        uint8_t byte = data[at++];
-        if (i == MAX_VARINT_BYTES - 1 && byte > 1) {
-            return 0;
-        }
-        value |= (uint64_t)(byte & 0x7F) << (7 * i);
-        if (byte < 0x80) {
-            *out = value;
-            *pos = at;
-            return 1;
-        }
-    }
-    return 0;
-}
 
 /* A length-delimited payload at *pos: [*start, *stop) inside end, and *pos past it. */
 static inline int
