@@ -18,7 +18,6 @@ import os
 import struct
 import subprocess
 import sys
-import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -89,26 +88,6 @@ def test_the_environment_variable_forces_pure_python() -> None:
             [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
         )
         assert result.stdout.strip() == expected, value
-
-
-def test_an_absent_extension_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    import inferwire.codecs
-
-    monkeypatch.delenv("INFERWIRE_PURE_PYTHON", raising=False)
-    monkeypatch.delattr(inferwire.codecs, "_delta_accel")
-    monkeypatch.setitem(sys.modules, "inferwire.codecs._delta_accel", None)  # import fails
-    assert delta_codec._load_accelerator() is None
-
-
-def test_a_stale_extension_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    import inferwire.codecs
-
-    monkeypatch.delenv("INFERWIRE_PURE_PYTHON", raising=False)
-    stale = types.ModuleType("inferwire.codecs._delta_accel")
-    stale.API_VERSION = 0  # type: ignore[attr-defined]
-    monkeypatch.setattr(inferwire.codecs, "_delta_accel", stale)
-    with pytest.warns(RuntimeWarning, match="stale"):
-        assert delta_codec._load_accelerator() is None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -172,18 +172,6 @@ def test_without_the_extension_compiled_is_refused_and_the_default_is_the_refere
     assert fbc.encode_message(chunk) == fbc.encode_reference(chunk)
 
 
-def test_a_stale_extension_is_left_unused_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("INFERWIRE_PURE_PYTHON", raising=False)
-    monkeypatch.setattr(ACCEL, "API_VERSION", fbc._ACCEL_API_VERSION + 1)
-    with pytest.warns(RuntimeWarning, match="stale"):
-        assert fbc._load_accelerator() is None
-
-
-def test_pure_python_in_the_environment_leaves_it_unused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("INFERWIRE_PURE_PYTHON", "1")
-    assert fbc._load_accelerator() is None
-
-
 # -- every workload ------------------------------------------------------------------------
 
 

@@ -126,26 +126,6 @@ def test_the_environment_variable_forces_pure_python() -> None:
         assert result.stdout.strip() == expected, value
 
 
-def test_an_absent_extension_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    import inferwire.codecs
-
-    monkeypatch.delenv("INFERWIRE_PURE_PYTHON", raising=False)
-    monkeypatch.delattr(inferwire.codecs, "_openai_accel")
-    monkeypatch.setitem(sys.modules, "inferwire.codecs._openai_accel", None)  # import fails
-    assert oa._load_accelerator() is None
-
-
-def test_a_stale_extension_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    import inferwire.codecs
-
-    monkeypatch.delenv("INFERWIRE_PURE_PYTHON", raising=False)
-    stale = types.ModuleType("inferwire.codecs._openai_accel")
-    stale.API_VERSION = 0  # type: ignore[attr-defined]
-    monkeypatch.setattr(inferwire.codecs, "_openai_accel", stale)
-    with pytest.warns(RuntimeWarning, match="stale"):
-        assert oa._load_accelerator() is None
-
-
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class WiderUsage:
     """Usage's fields and one more: the extension would leave that one unset."""

@@ -168,22 +168,6 @@ def test_without_the_extension_compiled_is_refused_and_the_default_is_upb(
         ProtobufCodec(marshal="compiled")
 
 
-def test_an_absent_extension_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    import inferwire.codecs
-
-    monkeypatch.delenv("INFERWIRE_PURE_PYTHON", raising=False)
-    monkeypatch.delattr(inferwire.codecs, "_protobuf_accel")
-    monkeypatch.setitem(sys.modules, "inferwire.codecs._protobuf_accel", None)  # import fails
-    assert pc._load_accelerator() is None
-
-
-def test_a_stale_extension_is_left_unused_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("INFERWIRE_PURE_PYTHON", raising=False)
-    monkeypatch.setattr(ACCEL, "API_VERSION", pc._ACCEL_API_VERSION + 1)
-    with pytest.warns(RuntimeWarning, match="stale"):
-        assert pc._load_accelerator() is None
-
-
 def test_the_environment_variable_leaves_it_unused() -> None:
     code = (
         "from inferwire.codecs import protobuf_codec as pc; "

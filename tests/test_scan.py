@@ -18,7 +18,6 @@ import subprocess
 import sys
 import sysconfig
 import tracemalloc
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import inferwire.codecs
 from inferwire.codecs import scan
 from inferwire.codecs.errors import DepthLimitError, ElementBudgetError
 
@@ -92,22 +90,6 @@ def test_the_extension_is_built_and_used_by_default() -> None:
             [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
         )
         assert result.stdout.strip().replace("inferwire.codecs.", "") == expected, value
-
-
-def test_an_absent_extension_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("INFERWIRE_PURE_PYTHON", raising=False)
-    monkeypatch.delattr(inferwire.codecs, "_scan")
-    monkeypatch.setitem(sys.modules, "inferwire.codecs._scan", None)  # import fails
-    assert scan._load_accelerator() is None
-
-
-def test_a_stale_extension_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("INFERWIRE_PURE_PYTHON", raising=False)
-    stale = types.ModuleType("inferwire.codecs._scan")
-    stale.API_VERSION = 0  # type: ignore[attr-defined]
-    monkeypatch.setattr(inferwire.codecs, "_scan", stale)
-    with pytest.warns(RuntimeWarning, match="stale"):
-        assert scan._load_accelerator() is None
 
 
 # -- arguments ------------------------------------------------------------------------------------
