@@ -386,12 +386,20 @@ end_object(Builder *b, Py_ssize_t *out)
     key[used] = (uint16_t)object_size;
     Py_ssize_t key_len = used + 1;
     Py_ssize_t found = -1;
-    for (Py_ssize_t v = 0; v < b->nvtables; v++) {
+    for (Py_ssize_t v = 0; v < b->nvtables && found < 0; v++) {
         const Vtable *vt = &b->vtables[v];
-        if (vt->key_len == key_len &&
-            memcmp(b->keys + vt->key_at, key, (size_t)key_len * sizeof(uint16_t)) == 0) {
+        if (vt->key_len != key_len) {
+            continue;
+        }
+        /* a loop, not memcmp: keys are 2-11 entries, and a logprob's top tables look up the
+         * same vtable 5 times */
+        const uint16_t *other = b->keys + vt->key_at;
+        Py_ssize_t i = 0;
+        while (i < key_len && other[i] == key[i]) {
+            i++;
+        }
+        if (i == key_len) {
             found = vt->offset;
-            break;
         }
     }
     int32_t soffset;
