@@ -20,6 +20,7 @@ import h2.events
 import h2.exceptions
 import hpack
 import pytest
+from hyperframe.frame import DataFrame, RstStreamFrame, SettingsFrame, WindowUpdateFrame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,10 +28,12 @@ import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire.transports.errors import ProtocolError, RemoteError
 from inferwire.transports.http2 import fields as h2fields
-from inferwire.transports.http2 import hpack_cache
+from inferwire.transports.http2 import flow, hpack_cache
 from tests.fault_helpers import assert_serves, serving
 from tests.test_http2_hostile import (
+    PREFACE,
     Codes,
+    frames_in,
     goaway_codes,
     headers_frame,
     hpack_int,
@@ -361,3 +364,116 @@ def test_repeated_small_calls_stay_correct_on_one_connection() -> None:
                 await client.close()
 
     asyncio.run(run())
+
+
+# -- Connection: h2's _receive_frame without formatting each frame for its trace log ---------
+
+
+def _server_pair() -> list[h2.connection.H2Connection]:
+    """A stock h2 server connection and ours, configured alike, each past the preface."""
+    pair = []
+    for conn in (
+        h2.connection.H2Connection(h2.config.H2Configuration(client_side=False)),
+        flow.h2_connection(client_side=False),
+    ):
+        if isinstance(conn, flow.Connection):
+            conn.config.validate_inbound_headers = True  # as stock, for the same verdicts
+            conn.config.normalize_inbound_headers = True
+        conn.initiate_connection()
+        conn.receive_data(PREFACE + serialize(SettingsFrame(0)))
+        conn.data_to_send()
+        pair.append(conn)
+    return pair
+
+
+def _received(conn: h2.connection.H2Connection, data: bytes) -> tuple[str, bytes]:
+    """What a connection makes of ``data``: its events (or the error it raised), then the
+    bytes it would send."""
+    try:
+        said = repr(conn.receive_data(data))
+    except h2.exceptions.ProtocolError as exc:
+        said = f"{type(exc).__name__}: {exc}"
+    return said, conn.data_to_send()
+
+
+_BLOCK = request_block("POST", "/v2/models/sim/infer")
+_FRAME_KINDS = (
+    "headers",
+    "headers-end",
+    "data",
+    "data-end",
+    "rst",
+    "window",
+    "server-reset",
+    "server-end",
+)
+
+
+def _step(conn: h2.connection.H2Connection, kind: str, stream_id: int) -> bytes:
+    """The bytes a peer sends for ``kind`` on ``stream_id``; ``server-reset`` and
+    ``server-end`` are the server resetting the stream or answering it whole (no bytes)."""
+    if kind.startswith("server"):
+        with contextlib.suppress(h2.exceptions.H2Error):
+            if kind == "server-reset":
+                conn.reset_stream(stream_id)
+            else:
+                conn.send_headers(stream_id, [(b":status", b"200")], end_stream=True)
+        return b""
+    if kind.startswith("headers"):
+        flags = ["END_HEADERS", "END_STREAM"] if kind == "headers-end" else ["END_HEADERS"]
+        return serialize(headers_frame(stream_id, _BLOCK, flags))
+    if kind.startswith("data"):
+        return serialize(
+            DataFrame(stream_id, b"x", flags=["END_STREAM"] if kind == "data-end" else [])
+        )
+    if kind == "rst":
+        return serialize(RstStreamFrame(stream_id))
+    return serialize(WindowUpdateFrame(stream_id, window_increment=1))
+
+
+BRANCHES = {
+    # HEADERS on a stream the server reset: RST_STREAM(STREAM_CLOSED) answers it (h2 takes
+    # DATA on a closed stream before this method, so HEADERS is what reaches its branches)
+    "closed-by-reset": [("headers", 1), ("server-reset", 1), ("headers", 1)],
+    # the same once a newer stream made h2 forget the reset one (StreamIDTooLowError)
+    "forgotten-after-reset": [("headers", 1), ("server-reset", 1), ("headers", 3), ("headers", 1)],
+    # a stream both ends ended, then HEADERS on it: a connection error (STREAM_CLOSED)
+    "closed-by-end": [("headers-end", 1), ("server-end", 1), ("headers", 1)],
+    "forgotten-after-end": [
+        ("headers-end", 1),
+        ("server-end", 1),
+        ("headers", 3),
+        ("headers", 1),
+    ],
+    # a stream never opened, below one that was: closed implicitly, PROTOCOL_ERROR
+    "closed-implicitly": [("headers", 3), ("headers", 1)],
+    "ordinary": [("headers", 1), ("data-end", 1), ("window", 1), ("rst", 1)],
+}
+
+
+@pytest.mark.parametrize("steps", BRANCHES.values(), ids=BRANCHES)
+def test_the_connection_receives_frames_as_stock_h2_does(steps: list[tuple[str, int]]) -> None:
+    stock, ours = _server_pair()
+    for kind, stream_id in steps:
+        assert _received(ours, _step(ours, kind, stream_id)) == _received(
+            stock, _step(stock, kind, stream_id)
+        ), (kind, stream_id)
+
+
+def test_the_connection_answers_a_frame_on_a_reset_stream_with_rst_stream() -> None:
+    """The branch that answers rather than raises, checked on its own: not only equal."""
+    _, ours = _server_pair()
+    for kind, stream_id in BRANCHES["closed-by-reset"][:-1]:
+        _received(ours, _step(ours, kind, stream_id))
+    said, sent = _received(ours, _step(ours, "headers", 1))
+    assert "Error" not in said
+    assert (RstStreamFrame.type, 1) in [(kind, sid) for kind, sid, _ in frames_in(sent)]
+
+
+@given(st.lists(st.tuples(st.sampled_from(_FRAME_KINDS), st.sampled_from([1, 3, 5])), max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_any_frame_sequence_is_received_as_stock_h2_does(steps: list[tuple[str, int]]) -> None:
+    stock, ours = _server_pair()
+    for kind, stream_id in steps:
+        theirs = _received(stock, _step(stock, kind, stream_id))
+        assert _received(ours, _step(ours, kind, stream_id)) == theirs, (kind, stream_id)
