@@ -89,8 +89,8 @@ static struct {
 
 /* ---- the builder ---------------------------------------------------------------------------- */
 
-/* One vtable written so far: its key is what flatbuffers.Builder.WriteVtable keys its dict by
- * (the field offsets up to the last present one, then the object's size), kept in `keys`. */
+/* One vtable written so far, kept whole in `keys`: it holds what flatbuffers.Builder.WriteVtable
+ * keys its dict by (the field offsets up to the last present one, and the object's size). */
 typedef struct {
     Py_ssize_t key_at;
     Py_ssize_t key_len;
@@ -112,9 +112,9 @@ typedef struct {
     Py_ssize_t nvtables, vtables_cap;
     uint16_t *keys;
     Py_ssize_t nkeys, keys_cap;
-    /* room for the workloads' messages (at most 6 vtables and 27 key entries); more on the heap */
+    /* room for the workloads' messages (at most 6 vtables of 33 entries in all); more on the heap */
     Vtable vtables_small[6];
-    uint16_t keys_small[28];
+    uint16_t keys_small[34];
 } Builder;
 
 static void
@@ -352,7 +352,9 @@ remember_vtable(Builder *b, const uint16_t *key, Py_ssize_t key_len)
         b->keys = grown;
         b->keys_cap = cap;
     }
-    copy_bytes((uint8_t *)(b->keys + b->nkeys), key, key_len * (Py_ssize_t)sizeof(uint16_t));
+    for (Py_ssize_t i = 0; i < key_len; i++) {
+        b->keys[b->nkeys + i] = key[i];
+    }
     b->vtables[b->nvtables].key_at = b->nkeys;
     b->vtables[b->nvtables].key_len = key_len;
     b->vtables[b->nvtables].offset = b->off;
@@ -370,35 +372,39 @@ end_object(Builder *b, Py_ssize_t *out)
     /* a placeholder, as PrependSOffsetTRelative(0) writes; patched below */
     TRY(place_u32(b, (uint32_t)(b->off + 4)));
     Py_ssize_t object = b->off;
-    /* the key: field offsets up to the last present slot, then the object's size */
-    uint16_t key[MAX_SLOTS + 1];
-    int used = b->nslots;
-    while (used > 0 && b->slots[used - 1] == 0) {
-        used--;
-    }
-    for (int i = 0; i < used; i++) {
-        key[i] = b->slots[i] ? (uint16_t)(object - b->slots[i]) : 0;
-    }
     Py_ssize_t object_size = object - b->object_end;
     if (object_size > 0xFFFF) {
         return STEP_BAIL; /* cannot happen in this schema; the reference raises */
     }
-    key[used] = (uint16_t)object_size;
-    Py_ssize_t key_len = used + 1;
+    /* The vtable as it is written: its size, the object's size, then each field's offset up
+     * to the last present one (0: absent). It is also the key WriteVtable looks vtables up by
+     * (the offsets and the object's size; the vtable's size counts the offsets). */
+    uint16_t vtable[MAX_SLOTS + 2];
+    int used = 0;
+    for (int i = 0; i < b->nslots; i++) {
+        Py_ssize_t at = b->slots[i];
+        vtable[2 + i] = at ? (uint16_t)(object - at) : 0;
+        if (at) {
+            used = i + 1;
+        }
+    }
+    Py_ssize_t vtable_len = used + 2;
+    vtable[0] = (uint16_t)(vtable_len * 2);
+    vtable[1] = (uint16_t)object_size;
     Py_ssize_t found = -1;
     for (Py_ssize_t v = 0; v < b->nvtables && found < 0; v++) {
         const Vtable *vt = &b->vtables[v];
-        if (vt->key_len != key_len) {
+        if (vt->key_len != vtable_len) {
             continue;
         }
-        /* a loop, not memcmp: keys are 2-11 entries, and a logprob's top tables look up the
-         * same vtable 5 times */
+        /* a loop, not memcmp: vtables are 2-12 entries, and a logprob's top tables look up
+         * the same one 5 times */
         const uint16_t *other = b->keys + vt->key_at;
         Py_ssize_t i = 0;
-        while (i < key_len && other[i] == key[i]) {
+        while (i < vtable_len && other[i] == vtable[i]) {
             i++;
         }
-        if (i == key_len) {
+        if (i == vtable_len) {
             found = vt->offset;
         }
     }
@@ -406,15 +412,11 @@ end_object(Builder *b, Py_ssize_t *out)
     if (found < 0) {
         /* WriteVtable prepends the field offsets from the last, then the object's size and
          * the vtable's size, each a uint16 after Prep(2): the soffset just written left the
-         * buffer 4-aligned, so no Prep pads and the vtable is one block, written at once. */
-        uint16_t vtable[MAX_SLOTS + 2];
-        vtable[0] = (uint16_t)((used + 2) * 2);
-        vtable[1] = (uint16_t)object_size;
-        copy_bytes((uint8_t *)(vtable + 2), key, used * (Py_ssize_t)sizeof(uint16_t));
+         * buffer 4-aligned, so no Prep pads and the vtable is one block. */
         TRY(prep(b, 2, 0));
-        TRY(place(b, vtable, (used + 2) * 2));
+        TRY(place(b, vtable, vtable_len * 2));
         soffset = (int32_t)(b->off - object);
-        TRY(remember_vtable(b, key, key_len));
+        TRY(remember_vtable(b, vtable, vtable_len));
     }
     else {
         soffset = (int32_t)(found - object);
@@ -586,8 +588,8 @@ text(Builder *b, PyObject *s, Py_ssize_t *out)
     return string(b, s, out);
 }
 
-/* The value of an exact int of at most one digit (30 bits: token ids, indexes, counts), read
- * from the object; 0 for a larger one, which the caller converts by the API. */
+/* The value of a small exact int (token ids, indexes, counts, timestamps), read from the
+ * object; 0 for a larger one, which the caller converts by the API. */
 static inline int
 small_int(PyObject *value, int64_t *out)
 {
@@ -598,12 +600,24 @@ small_int(PyObject *value, int64_t *out)
     }
     return 0;
 #else
+    /* up to two 30-bit digits: a timestamp (`created`) has two */
     Py_ssize_t size = Py_SIZE(value);
-    if (size < -1 || size > 1) {
+    const digit *digits = ((PyLongObject *)value)->ob_digit;
+    switch (size) {
+    case 0:
+        *out = 0;
+        return 1;
+    case 1:
+    case -1:
+        *out = size * (int64_t)digits[0];
+        return 1;
+    case 2:
+    case -2:
+        *out = (size / 2) * ((int64_t)digits[0] | ((int64_t)digits[1] << PyLong_SHIFT));
+        return 1;
+    default:
         return 0;
     }
-    *out = size * (int64_t)((PyLongObject *)value)->ob_digit[0];
-    return 1;
 #endif
 }
 
@@ -1104,9 +1118,7 @@ build(Builder *b, PyObject *message)
     TRY(prep(b, b->minalign, 12));
     TRY(prep(b, 4, 4));
     static const char IDENTIFIER[4] = {'I', 'W', 'F', '1'};
-    for (int i = 3; i >= 0; i--) {
-        TRY(place_u8(b, (uint8_t)IDENTIFIER[i]));
-    }
+    TRY(place(b, IDENTIFIER, 4)); /* its bytes one at a time from the last, as one block */
     TRY(prepend_uoffset(b, root));
     uint32_t size = (uint32_t)b->off;
     return prepend(b, &size, 4);
