@@ -244,12 +244,6 @@ place(Builder *b, const void *value, Py_ssize_t size)
 }
 
 static inline int
-place_u8(Builder *b, uint8_t v)
-{
-    return place(b, &v, 1);
-}
-
-static inline int
 place_u32(Builder *b, uint32_t v)
 {
     return place(b, &v, 4);
@@ -556,7 +550,7 @@ string(Builder *b, PyObject *s, Py_ssize_t *out)
     }
     /* CreateString: Prep(4, length + 1), the 0 terminator, the bytes, the uint32 length;
      * as one block: the length, the bytes, the terminator, then Prep's padding */
-    if (length > MAX_BUFFER - 5) {
+    if (length > MAX_BUFFER - 8) { /* the length, the terminator, at most 3 bytes' padding */
         return STEP_BAIL;
     }
     Py_ssize_t padding = (-(b->off + length + 1)) & 3;

@@ -289,11 +289,11 @@ def test_bytes_tensors_are_handed_to_the_reference(message: InferRequest | Infer
 
 
 def _vtables(data: bytes, payload: str) -> tuple[int, int]:
-    """How many vtables the tables of ``data`` point to, and the entries of their keys (each
-    vtable's slots and its table's size), as the extension counts them."""
+    """How many vtables the tables of ``data`` point to, and their uint16 entries in all (the
+    extension keeps each whole as its key)."""
     tables = verify_envelope(data, payload).tables
     vtables = {at - struct.unpack_from("<i", data, at)[0] for at in tables}
-    return len(vtables), sum(struct.unpack_from("<H", data, v)[0] // 2 - 1 for v in vtables)
+    return len(vtables), sum(struct.unpack_from("<H", data, v)[0] // 2 for v in vtables)
 
 
 MANY_LOGPROBS = TokenChunk(
@@ -329,7 +329,7 @@ VARIED_REQUEST = InferRequest(
 
 def test_many_tables_and_vtables_past_the_stack_room() -> None:
     """More offsets than the 32 kept on the stack, more vtables and key entries than its first
-    room (6 and 28): the heap paths, byte for byte."""
+    room (6 vtables, 34 entries): the heap paths, byte for byte."""
     assert MANY_LOGPROBS.logprobs is not None
     assert len(MANY_LOGPROBS.logprobs) > 32
     # over the 4 KiB a chunk is built in on the stack: measured, then written
@@ -338,7 +338,7 @@ def test_many_tables_and_vtables_past_the_stack_room() -> None:
     assert len(VARIED_REQUEST.inputs) > 32
     vtables, keys = _vtables(data, "InferRequest")
     assert vtables > 6
-    assert keys > 28
+    assert keys > 34
 
 
 def test_numpy_float_logprobs_are_taken() -> None:
@@ -353,6 +353,46 @@ def test_numpy_float_logprobs_are_taken() -> None:
         )
     )
     check_same_as_reference(chunk)
+
+
+# The integers the extension reads from the int object itself (one or two 30-bit digits) and
+# those it converts through the C API (more digits), at each boundary, with either sign.
+DIGIT_BOUNDARIES = [0, 1, 2**30 - 1, 2**30, 2**32 - 1, 2**32, 2**60 - 1, 2**60, 2**63 - 1]
+SIGNED = sorted({v for b in DIGIT_BOUNDARIES for v in (b, -b)} | {-(2**63)})
+
+
+@pytest.mark.parametrize("created", SIGNED)
+def test_created_at_every_digit_boundary_is_the_references(created: int) -> None:
+    check_same_as_reference(_chunk(created=created))
+
+
+@pytest.mark.parametrize("value", [*DIGIT_BOUNDARIES, 2**63, 2**64 - 1])
+def test_seq_and_ids_at_every_digit_boundary_are_the_references_or_handed_back(
+    value: int,
+) -> None:
+    """seq is a uint64: taken up to 2**64 - 1; index, token ids and usage are uint32: past
+    2**32 - 1 handed back, and the reference refuses them."""
+    check_same_as_reference(_chunk(seq=value))
+    in_u32 = value <= 2**32 - 1
+    for chunk in (
+        _chunk(index=value),
+        _chunk(token_ids=(value, 1)),
+        _chunk(usage=Usage(prompt_tokens=value, completion_tokens=value)),
+    ):
+        if in_u32:
+            check_same_as_reference(chunk)
+        else:
+            assert ACCEL.encode(chunk) is None
+            with pytest.raises(EncodeError):
+                fast_codec().encode(chunk)
+
+
+@pytest.mark.parametrize("value", [-1, -(2**30), -(2**30) - 1, -(2**60), -(2**63)])
+def test_negative_unsigned_fields_are_handed_back(value: int) -> None:
+    for chunk in (_chunk(seq=value), _chunk(index=value), _chunk(token_ids=(value,))):
+        assert ACCEL.encode(chunk) is None
+        with pytest.raises(EncodeError):
+            fast_codec().encode(chunk)
 
 
 # -- what the extension hands back ---------------------------------------------------------

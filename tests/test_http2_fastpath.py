@@ -20,7 +20,7 @@ import h2.events
 import h2.exceptions
 import hpack
 import pytest
-from hyperframe.frame import DataFrame, RstStreamFrame, SettingsFrame, WindowUpdateFrame
+from hyperframe.frame import DataFrame, Frame, RstStreamFrame, SettingsFrame, WindowUpdateFrame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -447,8 +447,37 @@ BRANCHES = {
     ],
     # a stream never opened, below one that was: closed implicitly, PROTOCOL_ERROR
     "closed-implicitly": [("headers", 3), ("headers", 1)],
+    # HEADERS again on a stream the peer half-closed: h2 resets it, and the error carries
+    # that StreamReset event, which the method hands on
+    "half-closed-headers": [("headers-end", 1), ("headers", 1)],
+    # DATA on a reset stream: h2's DATA handler answers RST_STREAM itself, as frames this
+    # method sends on (its else branch)
+    "data-on-reset": [("headers", 1), ("server-reset", 1), ("data", 1)],
     "ordinary": [("headers", 1), ("data-end", 1), ("window", 1), ("rst", 1)],
 }
+
+
+def test_both_ends_use_the_connection_that_does_not_format_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The override is what h2_connection makes, on either side, and it receives frames
+    without their repr (stock h2 calls it for every frame)."""
+    assert type(flow.h2_connection(client_side=True)) is flow.Connection
+    stock, ours = _server_pair()
+    assert type(ours) is flow.Connection
+    assert type(stock) is not flow.Connection
+
+    def no_repr(frame: object) -> str:
+        raise AssertionError(f"a received {type(frame).__name__} was formatted")
+
+    monkeypatch.setattr(Frame, "__repr__", no_repr)
+    data = _step(ours, "headers-end", 1)
+    assert [type(e) for e in ours.receive_data(data)] == [
+        h2.events.RequestReceived,
+        h2.events.StreamEnded,
+    ]
+    with pytest.raises(AssertionError, match="was formatted"):
+        stock.receive_data(data)
 
 
 @pytest.mark.parametrize("steps", BRANCHES.values(), ids=BRANCHES)
@@ -467,6 +496,14 @@ def test_the_connection_answers_a_frame_on_a_reset_stream_with_rst_stream() -> N
         _received(ours, _step(ours, kind, stream_id))
     said, sent = _received(ours, _step(ours, "headers", 1))
     assert "Error" not in said
+    assert (RstStreamFrame.type, 1) in [(kind, sid) for kind, sid, _ in frames_in(sent)]
+
+
+def test_the_connection_hands_on_the_events_of_a_stream_error() -> None:
+    _, ours = _server_pair()
+    _received(ours, _step(ours, "headers-end", 1))
+    said, sent = _received(ours, _step(ours, "headers", 1))
+    assert said.startswith("[<StreamReset stream_id:1")
     assert (RstStreamFrame.type, 1) in [(kind, sid) for kind, sid, _ in frames_in(sent)]
 
 
