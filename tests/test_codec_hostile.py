@@ -7,9 +7,7 @@ limit, with memory bounded by the limit rather than by what the header claims.
 from __future__ import annotations
 
 import struct
-import tracemalloc
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -19,6 +17,7 @@ import inferwire.codecs as ic
 from inferwire.codecs import pbwire
 from inferwire.codecs.base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS
 from inferwire.schemas import inferwire_pb2 as pb
+from tests.accel_helpers import peak_memory
 
 JSON_TEXT = ["json", "orjson", "msgspec-json"]
 MSGPACK = ["msgpack", "msgspec-msgpack"]
@@ -26,18 +25,6 @@ SCANNED = JSON_TEXT + MSGPACK
 CHUNK = ic.TokenChunk(
     id="chatcmpl-1", model="m", created=1, index=0, seq=0, token_ids=(7,), text="hi"
 )
-
-
-@contextmanager
-def peak_memory(limit_bytes: int) -> Iterator[None]:
-    """Fail if the block allocates more than ``limit_bytes`` at its peak (tracemalloc)."""
-    tracemalloc.start()
-    try:
-        yield
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < limit_bytes, f"peak {peak} bytes"
 
 
 def with_extra(name: str, extra: bytes) -> bytes:

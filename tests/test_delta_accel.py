@@ -16,8 +16,6 @@ import itertools
 import math
 import os
 import struct
-import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,6 +27,7 @@ import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import delta_codec, delta_wire
 from inferwire.codecs.delta_codec import DELTA_V1, DELTA_V2, DeltaCodec
+from tests.accel_helpers import run_child
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._delta_accel")
 MiB = 1024 * 1024
@@ -78,16 +77,6 @@ def test_the_extension_is_built_and_used_by_default() -> None:
     assert FAST.stream_decoder()._accel is ACCEL  # type: ignore[attr-defined]
     assert PURE.stream_encoder()._accel is None  # type: ignore[attr-defined]
     assert PURE.stream_decoder()._accel is None  # type: ignore[attr-defined]
-
-
-def test_the_environment_variable_forces_pure_python() -> None:
-    code = "from inferwire.codecs import delta_codec; print(delta_codec.accelerated())"
-    for value, expected in (("1", "False"), ("0", "True"), ("", "True")):
-        env = {**os.environ, "INFERWIRE_PURE_PYTHON": value}
-        result = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
-        assert result.stdout.strip() == expected, value
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -736,9 +725,4 @@ def test_encode_frame_survives_a_key_that_rebinds_the_chunk_during_lookup(key: s
     chunk's slots: the extension reads the chunk once, before any lookup, and holds what it
     read. (It used to read slots again after lookups: a list taken for a tuple, a freed tuple.)
     """
-    env = {k: v for k, v in os.environ.items() if k != "INFERWIRE_PURE_PYTHON"}
-    result = subprocess.run(
-        [sys.executable, "-c", _REBINDING_KEY, key], env=env, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["True", "[True]"], result.stdout
+    assert run_child("-c", _REBINDING_KEY, key).split() == ["True", "[True]"]

@@ -15,6 +15,7 @@ import pytest
 
 import inferwire.codecs
 from inferwire.codecs import extensions
+from tests.accel_helpers import run_child
 
 LOADERS = {
     "_delta_accel": "inferwire.codecs.delta_codec",
@@ -78,3 +79,47 @@ def test_a_configure_that_refuses_is_stale() -> None:
     version = getattr(inferwire.codecs, "_scan").API_VERSION  # noqa: B009 (a built module)
     with pytest.warns(RuntimeWarning, match="not these classes"):
         assert extensions.load("_scan", version, refuse, "x") is None
+
+
+# What each codec module says about its extension in a fresh process, as the environment
+# variable is read at import: (code printing it, its output when the extension is on, off).
+IN_A_FRESH_PROCESS = {
+    "_delta_accel": (
+        "from inferwire.codecs import delta_codec; print(delta_codec.accelerated())",
+        "True",
+        "False",
+    ),
+    "_scan": (
+        "from inferwire.codecs import scan; print(scan.ACCELERATED, scan.check_json.__module__)",
+        "True inferwire.codecs._scan",
+        "False inferwire.codecs.scan",
+    ),
+    "_flatbuffers_accel": (
+        "from inferwire.codecs import flatbuffers_codec as f; "
+        "print(f.accelerated(), f.FlatbuffersCodec().builder)",
+        "True compiled",
+        "False reference",
+    ),
+    "_protobuf_accel": (
+        "from inferwire.codecs import protobuf_codec as pc; "
+        "print(pc.accelerated(), pc.ProtobufCodec().marshal)",
+        "True compiled",
+        "False upb",
+    ),
+    "_openai_accel": (
+        "from inferwire.codecs import openai as oa; "
+        "print(oa.accelerated(), oa.chunk_to_obj is oa.chunk_to_obj_reference, "
+        "oa.chunk_from_obj is oa.chunk_from_obj_reference)",
+        "True False False",
+        "False True True",
+    ),
+}
+
+
+@pytest.mark.parametrize("extension", LOADERS)
+@pytest.mark.parametrize(("value", "on"), [("", True), ("0", True), ("1", False)])
+def test_the_environment_variable_at_import(extension: str, value: str, on: bool) -> None:
+    """End to end: a new process with INFERWIRE_PURE_PYTHON set to ``value`` imports the codec
+    module and uses its extension (unset, empty or 0) or the reference (1)."""
+    code, when_on, when_off = IN_A_FRESH_PROCESS[extension]
+    assert run_child("-c", code, pure_python=value).strip() == (when_on if on else when_off)

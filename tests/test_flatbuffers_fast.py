@@ -18,13 +18,9 @@ on the codec's default, the compiled encoder.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import importlib
 import os
 import struct
-import subprocess
-import sys
-import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +46,7 @@ from inferwire.codecs.model import (
     TopLogprob,
     Usage,
 )
+from tests.accel_helpers import assert_nothing_kept, assert_same_under_dev_mode
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._flatbuffers_accel")
 PAYLOAD_OF = {
@@ -611,25 +608,13 @@ def test_no_memory_grows_over_a_loop_of_encodes() -> None:
     chunk = messages[0]
     messages += [MANY_LOGPROBS, VARIED_REQUEST]  # past the stack room: the heap paths
     held = [*messages, chunk.text, chunk.logprobs, messages[2].vectors]  # and inner values
-    refcounts = [sys.getrefcount(m) for m in held]
 
     def loop(times: int) -> None:
         for _ in range(times):
             for m in messages:
                 ACCEL.encode(m)
 
-    loop(50)  # warm: caches, free lists
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        loop(2000)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    assert grown < 64 * 1024, f"{grown} bytes kept after 8000 encodes"
-    assert [sys.getrefcount(m) for m in held] == refcounts
+    assert_nothing_kept(loop, held, warm=50, times=2000)
 
 
 DEV_MODE_SCRIPT = """
@@ -645,16 +630,4 @@ print("same")
 
 
 def test_the_same_bytes_under_dev_mode() -> None:
-    """-X dev installs the debug allocator hooks: a write past the end of a bytes object the
-    extension fills is reported when it is freed (a crash), not silently corrupting."""
-    env = {k: v for k, v in os.environ.items() if k != "INFERWIRE_PURE_PYTHON"}
-    done = subprocess.run(
-        [sys.executable, "-X", "dev", "-W", "error", "-c", DEV_MODE_SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "same"
+    assert_same_under_dev_mode(DEV_MODE_SCRIPT)

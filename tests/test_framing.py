@@ -15,7 +15,6 @@ import dataclasses
 import itertools
 import random
 import struct
-import tracemalloc
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +27,7 @@ import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs.delta_codec import DeltaCodec
 from inferwire.codecs.framing import LengthPrefixedEncoder
+from tests.accel_helpers import peak_memory
 
 NAMES = ic.names()
 JSON_CODECS = [n for n in NAMES if ic.get(n).media_type == "application/json"]
@@ -315,14 +315,8 @@ LENGTH_FIELDS = [(n, field) for n in BINARY_CODECS for field in length_claims(ic
 def test_a_length_claiming_4_gib_is_refused_without_allocating(name: str, field: str) -> None:
     codec = ic.get(name)
     decoder = codec.stream_decoder(_type(codec))
-    tracemalloc.start()
-    try:
-        with pytest.raises(ic.FrameTooLargeError) as info:
-            decoder.feed(length_claims(codec, 2**32 - 1)[field])
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < MiB
+    with peak_memory(MiB), pytest.raises(ic.FrameTooLargeError) as info:
+        decoder.feed(length_claims(codec, 2**32 - 1)[field])
     assert info.value.declared_bytes == 2**32 - 1
     # the delta codec's frames are token chunks: its element budget bounds them lower
     limit = ic.DEFAULT_MAX_ELEMENTS if name == "delta" else ic.DEFAULT_MAX_FRAME_BYTES

@@ -15,8 +15,6 @@ import importlib
 import math
 import os
 import struct
-import subprocess
-import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,6 +26,7 @@ from hypothesis import strategies as st
 import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import openai as oa
+from tests.accel_helpers import run_child
 from tests.test_codecs import any_float, encode_stream, float_bits, token_chunks
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._openai_accel")
@@ -106,24 +105,6 @@ def test_the_extension_is_built_and_used_by_default() -> None:
         assert oa.chunk_to_obj is ACCEL.chunk_to_obj
         assert oa.chunk_from_obj is ACCEL.chunk_from_obj
         assert oa._load_accelerator() is ACCEL
-
-
-def test_the_environment_variable_forces_pure_python() -> None:
-    code = (
-        "from inferwire.codecs import openai as oa; "
-        "print(oa.accelerated(), oa.chunk_to_obj is oa.chunk_to_obj_reference, "
-        "oa.chunk_from_obj is oa.chunk_from_obj_reference)"
-    )
-    for value, expected in (
-        ("1", "False True True"),
-        ("0", "True False False"),
-        ("", "True False False"),
-    ):
-        env = {**os.environ, "INFERWIRE_PURE_PYTHON": value}
-        result = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
-        assert result.stdout.strip() == expected, value
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -567,15 +548,7 @@ def test_a_key_whose_comparison_empties_the_dicts_being_read_is_survived(
     """Reading a dict can run Python code (a colliding key's __eq__) that frees what was read
     before: the extension holds what it reads. In a child process: a crash must not be this
     run's."""
-    env = {k: v for k, v in os.environ.items() if k != "INFERWIRE_PURE_PYTHON"}
-    result = subprocess.run(
-        [sys.executable, "-c", _MUTATING_KEY, repr(base_obj()), where, key],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip(), result.stderr[-2000:]
+    assert run_child("-c", _MUTATING_KEY, repr(base_obj()), where, key).strip()
 
 
 # -- the codecs: the same bytes, the same chunks ---------------------------------------------------

@@ -23,9 +23,6 @@ import itertools
 import os
 import random
 import struct
-import subprocess
-import sys
-import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,6 +38,7 @@ from inferwire.codecs.errors import ElementBudgetError
 from inferwire.codecs.model import TokenChunk, TokenLogprob, TopLogprob, Usage
 from inferwire.codecs.pbwire import I32, I64, LEN, VARINT, key, length_delimited, varint
 from inferwire.codecs.protobuf_codec import ProtobufCodec
+from tests.accel_helpers import assert_nothing_kept, assert_same_under_dev_mode
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._protobuf_accel")
 BUDGET = ic.DEFAULT_MAX_ELEMENTS
@@ -166,19 +164,6 @@ def test_without_the_extension_compiled_is_refused_and_the_default_is_upb(
     assert ProtobufCodec().marshal == "upb"
     with pytest.raises(ValueError, match="not built"):
         ProtobufCodec(marshal="compiled")
-
-
-def test_the_environment_variable_leaves_it_unused() -> None:
-    code = (
-        "from inferwire.codecs import protobuf_codec as pc; "
-        "print(pc.accelerated(), pc.ProtobufCodec().marshal)"
-    )
-    for value, expected in (("1", "False upb"), ("0", "True compiled"), ("", "True compiled")):
-        env = {**os.environ, "INFERWIRE_PURE_PYTHON": value}
-        result = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
-        assert result.stdout.strip() == expected, value
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -831,7 +816,6 @@ def test_no_memory_grows_over_a_loop() -> None:
         SAMPLES[5][:-3],
     ]
     held = [*chunks, *datas]
-    refcounts = [sys.getrefcount(x) for x in held]
 
     def loop(times: int) -> None:
         for _ in range(times):
@@ -841,18 +825,7 @@ def test_no_memory_grows_over_a_loop() -> None:
                 ACCEL.decode_chunk(d, BUDGET)
                 ACCEL.decode_chunk(d, 3)
 
-    loop(20)  # warm: caches, free lists
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        loop(300)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    assert grown < 64 * 1024, f"{grown} bytes kept"
-    assert [sys.getrefcount(x) for x in held] == refcounts
+    assert_nothing_kept(loop, held, warm=20, times=300)
 
 
 DEV_MODE_SCRIPT = """
@@ -879,19 +852,7 @@ print("same")
 
 
 def test_the_same_bytes_under_dev_mode() -> None:
-    """-X dev installs the debug allocator hooks: a write past the end of a buffer the
-    extension fills is reported when it is freed (a crash), not silently corrupting."""
-    env = {k: v for k, v in os.environ.items() if k != "INFERWIRE_PURE_PYTHON"}
-    done = subprocess.run(
-        [sys.executable, "-X", "dev", "-W", "error", "-c", DEV_MODE_SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "same"
+    assert_same_under_dev_mode(DEV_MODE_SCRIPT)
 
 
 def test_random_damage_of_long_messages_decodes_as_upb_does() -> None:

@@ -2,42 +2,29 @@
 
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
 
 import inferwire.codecs as ic
 from inferwire.codecs.tensors import bytes_elements_from_raw, bytes_elements_to_raw
 from inferwire.schemas import inferwire_pb2 as pb
+from tests.accel_helpers import peak_memory
 
 HUGE = 10**12
 
 
 @pytest.mark.parametrize("raw", [b"", b"\x00\x00\x00\x00", b"\x01\x00\x00\x00a"])
 def test_a_bytes_tensor_claiming_more_elements_than_fit_is_refused(raw: bytes) -> None:
-    tracemalloc.start()
-    try:
-        with pytest.raises(ic.DecodeError, match="cannot fit"):
-            bytes_elements_from_raw(raw, HUGE)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < 1 << 20
+    with peak_memory(1 << 20), pytest.raises(ic.DecodeError, match="cannot fit"):
+        bytes_elements_from_raw(raw, HUGE)
 
 
 def test_a_protobuf_bytes_tensor_with_a_lying_shape_is_refused_without_allocating() -> None:
     data = pb.InferRequest(
         model="m", id="1", inputs=[pb.Tensor(name="t", datatype="BYTES", shape=[HUGE])]
     ).SerializeToString()
-    tracemalloc.start()
-    try:
-        with pytest.raises(ic.DecodeError):
-            ic.get("protobuf").decode(data, ic.InferRequest)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < 1 << 20
+    with peak_memory(1 << 20), pytest.raises(ic.DecodeError):
+        ic.get("protobuf").decode(data, ic.InferRequest)
 
 
 @pytest.mark.parametrize("elements", [[], [b""], [b"a", b"", b"\xff\x00"], [bytes(range(256))] * 3])
