@@ -20,7 +20,7 @@ all: test
 # (requirements/tritonclient.txt says more).
 $(STAMP): pyproject.toml requirements/constraints.txt requirements/tritonclient.txt \
 		codecs/_delta_accel.c codecs/_scan.c codecs/_flatbuffers_accel.c codecs/_protobuf_accel.c \
-		codecs/_openai_accel.c codecs/_model_slots.h codecs/_wire_buf.h \
+		codecs/_openai_accel.c codecs/_extension.h codecs/_model_slots.h codecs/_wire_buf.h \
 		bench/measure/_callgrind.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

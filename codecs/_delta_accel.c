@@ -34,6 +34,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_extension.h"
 #include "_model_slots.h"
 #include "_wire_buf.h"
 
@@ -96,16 +97,6 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     S.configured = 1;
     Py_RETURN_NONE;
-}
-
-static int
-check_configured(void)
-{
-    if (!S.configured) {
-        PyErr_SetString(PyExc_RuntimeError, "_delta_accel.configure() was not called");
-        return -1;
-    }
-    return 0;
 }
 
 /* ---- varints -------------------------------------------------------------------------------- */
@@ -843,7 +834,7 @@ encode_frame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *chunk = args[0], *base = args[1], *next_seq = args[2], *offset_obj = args[3];
     PyObject *index = args[4], *strings = args[5];
-    if (check_configured() < 0) {
+    if (require_configured(S.configured, "_delta_accel") < 0) {
         return NULL;
     }
     if (!PyTuple_CheckExact(base) || PyTuple_GET_SIZE(base) != 4 || !PyDict_CheckExact(index) ||
@@ -1463,7 +1454,7 @@ decode_frames(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *data_obj = args[0], *header = args[2], *strings = args[3], *out = args[8];
-    if (check_configured() < 0) {
+    if (require_configured(S.configured, "_delta_accel") < 0) {
         return NULL;
     }
     if (!PyBytes_CheckExact(data_obj) || !PyTuple_CheckExact(header) ||
@@ -1569,8 +1560,6 @@ decimal_py(PyObject *module, PyObject *arg)
     return Py_BuildValue("(Li)", (long long)mantissa, scale);
 }
 
-#define FASTCALL(function) ((PyCFunction)(void (*)(void))(function))
-
 static PyMethodDef methods[] = {
     {"configure", FASTCALL(configure), METH_FASTCALL,
      "configure(TokenChunk, TokenLogprob, TopLogprob, Usage, max_entries, max_chars, /)\n--\n\n"
@@ -1592,13 +1581,5 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__delta_accel(void)
 {
-    PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL) {
-        return NULL;
-    }
-    if (PyModule_AddIntConstant(module, "API_VERSION", API_VERSION) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return module_with_version(&module_def, API_VERSION);
 }

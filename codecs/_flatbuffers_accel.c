@@ -37,6 +37,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_extension.h"
 #include "_model_slots.h"
 
 /* Bumped when an argument list changes: flatbuffers_codec ignores a stale build. */
@@ -1209,8 +1210,6 @@ encode(PyObject *module, PyObject *message)
     return out;
 }
 
-#define FASTCALL(function) ((PyCFunction)(void (*)(void))(function))
-
 static PyMethodDef methods[] = {
     {"configure", FASTCALL(configure), METH_FASTCALL,
      "configure(TokenChunk, TokenLogprob, TopLogprob, Usage, EmbeddingBatch, Tensor, "
@@ -1231,13 +1230,5 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__flatbuffers_accel(void)
 {
-    PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL) {
-        return NULL;
-    }
-    if (PyModule_AddIntConstant(module, "API_VERSION", API_VERSION) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return module_with_version(&module_def, API_VERSION);
 }

@@ -29,6 +29,7 @@
 
 #include <math.h>
 
+#include "_extension.h"
 #include "_model_slots.h"
 
 /* Bumped when an argument list changes: openai.py ignores a stale build that disagrees. */
@@ -108,16 +109,6 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(S.default_number, Py_NewRef(args[6]));
     S.configured = 1;
     Py_RETURN_NONE;
-}
-
-static int
-check_configured(void)
-{
-    if (!S.configured) {
-        PyErr_SetString(PyExc_RuntimeError, "_openai_accel.configure() was not called");
-        return -1;
-    }
-    return 0;
 }
 
 static int
@@ -388,7 +379,7 @@ PyDoc_STRVAR(chunk_to_obj_doc,
 static PyObject *
 chunk_to_obj(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (check_configured() < 0) {
+    if (require_configured(S.configured, "_openai_accel") < 0) {
         return NULL;
     }
     int binary = 0, extensions = 1, fast = nargs == 1;
@@ -641,7 +632,7 @@ PyDoc_STRVAR(chunk_from_obj_doc,
 static PyObject *
 chunk_from_obj(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    if (check_configured() < 0) {
+    if (require_configured(S.configured, "_openai_accel") < 0) {
         return NULL;
     }
     int number_given = nargs == 2;
@@ -667,8 +658,6 @@ chunk_from_obj(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
 }
 
 /* ---- the module ------------------------------------------------------------------------------ */
-
-#define FASTCALL(function) ((PyCFunction)(void (*)(void))(function))
 
 static PyMethodDef methods[] = {
     {"configure", FASTCALL(configure), METH_FASTCALL,
@@ -700,13 +689,5 @@ PyInit__openai_accel(void)
     if (make_templates() < 0) {
         return NULL;
     }
-    PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL) {
-        return NULL;
-    }
-    if (PyModule_AddIntConstant(module, "API_VERSION", API_VERSION) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return module_with_version(&module_def, API_VERSION);
 }

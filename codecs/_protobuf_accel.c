@@ -41,6 +41,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_extension.h"
 #include "_model_slots.h"
 #include "_wire_buf.h"
 
@@ -100,16 +101,6 @@ configure(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     S.configured = 1;
     Py_RETURN_NONE;
-}
-
-static int
-check_configured(void)
-{
-    if (!S.configured) {
-        PyErr_SetString(PyExc_RuntimeError, "_protobuf_accel.configure() was not called");
-        return -1;
-    }
-    return 0;
 }
 
 /* ---- encoding: the output buffer ------------------------------------------------------------ */
@@ -344,7 +335,7 @@ static PyObject *
 encode_chunk(PyObject *module, PyObject *chunk)
 {
     (void)module;
-    if (check_configured() < 0) {
+    if (require_configured(S.configured, "_protobuf_accel") < 0) {
         return NULL;
     }
     if (!Py_IS_TYPE(chunk, S.chunk.type)) {
@@ -456,6 +447,33 @@ count_entries(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, uint8_t key)
     return count;
 }
 
+/* What TopLogprob and TokenLogprob begin with: token = 1 (else ""), logprob = 2 (else 0.0).
+ * *token: a new reference, or NULL unless STEP_OK. */
+static int
+read_token_logprob(const uint8_t *data, Py_ssize_t *pos, Py_ssize_t end, PyObject **token,
+                   double *value)
+{
+    if (*pos < end && data[*pos] == 0x0A) {
+        (*pos)++;
+        int step = read_string(data, pos, end, token);
+        if (step != STEP_OK) {
+            return step;
+        }
+    }
+    else {
+        *token = Py_NewRef(S.empty);
+    }
+    if (*pos < end && data[*pos] == 0x11) {
+        (*pos)++;
+        int step = read_double(data, pos, end, value);
+        if (step != STEP_OK) {
+            Py_CLEAR(*token);
+            return step;
+        }
+    }
+    return STEP_OK;
+}
+
 /* TopLogprob: token = 1, logprob = 2. */
 static int
 parse_top(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, PyObject **out)
@@ -463,20 +481,8 @@ parse_top(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, PyObject **out)
     int step = STEP_OK;
     PyObject *token = NULL;
     double value = 0.0;
-    if (pos < end && data[pos] == 0x0A) {
-        pos++;
-        if ((step = read_string(data, &pos, end, &token)) != STEP_OK) {
-            goto done;
-        }
-    }
-    else {
-        token = Py_NewRef(S.empty);
-    }
-    if (pos < end && data[pos] == 0x11) {
-        pos++;
-        if ((step = read_double(data, &pos, end, &value)) != STEP_OK) {
-            goto done;
-        }
+    if ((step = read_token_logprob(data, &pos, end, &token, &value)) != STEP_OK) {
+        goto done;
     }
     BAIL_IF(pos != end);
     PyObject *values[T_FIELDS] = {token, PyFloat_FromDouble(value)};
@@ -502,20 +508,8 @@ parse_logprob(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, uint64_t *lef
     int step = STEP_OK;
     PyObject *token = NULL, *top = NULL;
     double value = 0.0;
-    if (pos < end && data[pos] == 0x0A) {
-        pos++;
-        if ((step = read_string(data, &pos, end, &token)) != STEP_OK) {
-            goto done;
-        }
-    }
-    else {
-        token = Py_NewRef(S.empty);
-    }
-    if (pos < end && data[pos] == 0x11) {
-        pos++;
-        if ((step = read_double(data, &pos, end, &value)) != STEP_OK) {
-            goto done;
-        }
+    if ((step = read_token_logprob(data, &pos, end, &token, &value)) != STEP_OK) {
+        goto done;
     }
     Py_ssize_t count = count_entries(data, pos, end, 0x1A);
     BAIL_IF(count < 0 || (uint64_t)count > *left);
@@ -750,7 +744,7 @@ decode_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "decode_chunk() takes 2 arguments");
         return NULL;
     }
-    if (check_configured() < 0) {
+    if (require_configured(S.configured, "_protobuf_accel") < 0) {
         return NULL;
     }
     PyObject *obj = args[0];
@@ -802,8 +796,6 @@ decode_chunk(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return chunk;
 }
 
-#define FASTCALL(function) ((PyCFunction)(void (*)(void))(function))
-
 static PyMethodDef methods[] = {
     {"configure", FASTCALL(configure), METH_FASTCALL,
      "configure(TokenChunk, TokenLogprob, TopLogprob, Usage, /)\n--\n\n"
@@ -825,13 +817,5 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__protobuf_accel(void)
 {
-    PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL) {
-        return NULL;
-    }
-    if (PyModule_AddIntConstant(module, "API_VERSION", API_VERSION) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return module_with_version(&module_def, API_VERSION);
 }

@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_extension.h"
+
 /* Bumped when an argument list changes: scan.py ignores a stale build that disagrees. */
 #define API_VERSION 1
 
@@ -526,8 +528,7 @@ check(Scanner scanner, const char *name, PyObject *const *args, Py_ssize_t nargs
                      name);
         return NULL;
     }
-    if (S.depth_error == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_scan.configure() was not called");
+    if (require_configured(S.depth_error != NULL, "_scan") < 0) {
         return NULL;
     }
     uint64_t max_depth, max_elements;
@@ -579,8 +580,6 @@ check_msgpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return check(scan_msgpack, "check_msgpack", args, nargs);
 }
 
-#define FASTCALL(function) ((PyCFunction)(void (*)(void))(function))
-
 static PyMethodDef methods[] = {
     {"configure", FASTCALL(configure), METH_FASTCALL,
      "configure(DepthLimitError, ElementBudgetError, /)\n--\n\n"
@@ -601,13 +600,5 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__scan(void)
 {
-    PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL) {
-        return NULL;
-    }
-    if (PyModule_AddIntConstant(module, "API_VERSION", API_VERSION) < 0) {
-        Py_DECREF(module);
-        return NULL;
-    }
-    return module;
+    return module_with_version(&module_def, API_VERSION);
 }
