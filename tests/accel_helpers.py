@@ -6,6 +6,7 @@ refusal's memory with).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import subprocess
@@ -13,6 +14,8 @@ import sys
 import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+
+import inferwire.codecs as ic
 
 CHILD_TIMEOUT_S = 600.0
 """A child process's bound: generous, the machine is a busy 2-core one."""
@@ -81,3 +84,22 @@ def assert_nothing_kept(
         tracemalloc.stop()
     assert grown < limit_bytes, f"{grown} bytes kept after loop({times})"
     assert [sys.getrefcount(x) for x in held] == refcounts
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WiderUsage:
+    """Usage's fields and one more: an extension would leave that one unset."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    extra: int
+
+
+CHUNK_CLASSES_IT_CANNOT_FILL: list[tuple[object, ...]] = [
+    (ic.TokenChunk, ic.TokenLogprob, ic.TopLogprob, WiderUsage),  # a field it does not know
+    (ic.TokenLogprob, ic.TokenChunk, ic.TopLogprob, ic.Usage),  # fields missing
+    (ic.TokenChunk, ic.TokenLogprob, ic.TopLogprob, dict),  # not a slotted class
+    (ic.TokenChunk, ic.TokenLogprob, ic.TopLogprob, None),
+]
+"""The four model classes as configure() takes them (codecs/_model_slots.h binds them for every
+extension that builds or reads chunks), wrong in each way it must refuse."""

@@ -27,7 +27,7 @@ import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import delta_codec, delta_wire
 from inferwire.codecs.delta_codec import DELTA_V1, DELTA_V2, DeltaCodec
-from tests.accel_helpers import run_child
+from tests.accel_helpers import CHUNK_CLASSES_IT_CANNOT_FILL, run_child
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._delta_accel")
 MiB = 1024 * 1024
@@ -100,9 +100,7 @@ class WiderChunk:
     "classes",
     [
         (WiderChunk, ic.TokenLogprob, ic.TopLogprob, ic.Usage),  # a field it does not know
-        (ic.TokenLogprob, ic.TokenChunk, ic.TopLogprob, ic.Usage),  # fields missing
-        (ic.TokenChunk, ic.TokenLogprob, ic.TopLogprob, dict),  # not a slotted class
-        (ic.TokenChunk, ic.TokenLogprob, ic.TopLogprob, None),
+        *CHUNK_CLASSES_IT_CANNOT_FILL[1:],
     ],
 )
 def test_configure_refuses_classes_it_cannot_fill(classes: tuple[Any, ...]) -> None:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import openai as oa
-from tests.accel_helpers import run_child
+from tests.accel_helpers import CHUNK_CLASSES_IT_CANNOT_FILL, run_child
 from tests.test_codecs import any_float, encode_stream, float_bits, token_chunks
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._openai_accel")
@@ -107,24 +107,7 @@ def test_the_extension_is_built_and_used_by_default() -> None:
         assert oa._load_accelerator() is ACCEL
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class WiderUsage:
-    """Usage's fields and one more: the extension would leave that one unset."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    extra: int
-
-
-@pytest.mark.parametrize(
-    "arguments",
-    [
-        (ic.TokenChunk, ic.TokenLogprob, ic.TopLogprob, WiderUsage),  # a field it does not know
-        (ic.TokenLogprob, ic.TokenChunk, ic.TopLogprob, ic.Usage),  # fields missing
-        (ic.TokenChunk, ic.TokenLogprob, ic.TopLogprob, dict),  # not a slotted class
-        (ic.TokenChunk, ic.TokenLogprob, ic.TopLogprob, None),
-    ],
-)
+@pytest.mark.parametrize("arguments", CHUNK_CLASSES_IT_CANNOT_FILL)
 def test_configure_refuses_classes_it_cannot_fill(arguments: tuple[Any, ...]) -> None:
     chunk = chunks_of("stream-16")[0]
     try:

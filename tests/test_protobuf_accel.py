@@ -38,7 +38,11 @@ from inferwire.codecs.errors import ElementBudgetError
 from inferwire.codecs.model import TokenChunk, TokenLogprob, TopLogprob, Usage
 from inferwire.codecs.pbwire import I32, I64, LEN, VARINT, key, length_delimited, varint
 from inferwire.codecs.protobuf_codec import ProtobufCodec
-from tests.accel_helpers import assert_nothing_kept, assert_same_under_dev_mode
+from tests.accel_helpers import (
+    CHUNK_CLASSES_IT_CANNOT_FILL,
+    assert_nothing_kept,
+    assert_same_under_dev_mode,
+)
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._protobuf_accel")
 BUDGET = ic.DEFAULT_MAX_ELEMENTS
@@ -166,24 +170,8 @@ def test_without_the_extension_compiled_is_refused_and_the_default_is_upb(
         ProtobufCodec(marshal="compiled")
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class WiderUsage:
-    """Usage's fields and one more: the extension would leave that one unset."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    extra: int
-
-
 @pytest.mark.parametrize(
-    "classes",
-    [
-        (TokenChunk, TokenLogprob, TopLogprob, WiderUsage),  # a field it does not know
-        (TokenLogprob, TokenChunk, TopLogprob, Usage),  # fields missing
-        (TokenChunk, TokenLogprob, TopLogprob, dict),  # not a slotted class
-        (TokenChunk, TokenLogprob, TopLogprob, None),
-        (TokenChunk, TokenLogprob, TopLogprob),
-    ],
+    "classes", [*CHUNK_CLASSES_IT_CANNOT_FILL, (TokenChunk, TokenLogprob, TopLogprob)]
 )
 def test_configure_refuses_classes_it_cannot_fill(classes: tuple[Any, ...]) -> None:
     with pytest.raises((TypeError, AttributeError)):
