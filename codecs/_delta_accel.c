@@ -52,9 +52,6 @@ static const double POW10[MAX_SCALE + 1] = {
     1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 };
 
-/* Results of the steps below: done, hand back to Python, or an exception is set. */
-enum { STEP_OK = 0, STEP_BAIL = 1, STEP_ERROR = -1 };
-
 /* ---- the model classes, written through their slots --------------------------------------- */
 
 
@@ -991,24 +988,6 @@ pending_commit(Pending *pending)
     return 0;
 }
 
-/* Strict UTF-8 (bytes.decode()): the string, or NULL with STEP_BAIL in *step (invalid: the
- * Python path raises) or STEP_ERROR. */
-static PyObject *
-utf8(const uint8_t *data, Py_ssize_t start, Py_ssize_t stop, int *step)
-{
-    PyObject *text = PyUnicode_DecodeUTF8((const char *)data + start, stop - start, NULL);
-    if (text == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            PyErr_Clear();
-            *step = STEP_BAIL;
-        }
-        else {
-            *step = STEP_ERROR;
-        }
-    }
-    return text;
-}
-
 static int
 decimal_value(int64_t mantissa, uint64_t scale, double *out)
 {
@@ -1018,14 +997,6 @@ decimal_value(int64_t mantissa, uint64_t scale, double *out)
     *out = (double)mantissa / POW10[scale];
     return 1;
 }
-
-#define BAIL_IF(condition) \
-    do {                   \
-        if (condition) {   \
-            step = STEP_BAIL; \
-            goto done;     \
-        }                  \
-    } while (0)
 
 /* One Logprob message in data[pos:end], in the encoder's field order (see delta_encoder._logprob):
  * token ref or literal, logprob as a decimal or a double, the top[0]-repeats-token flag, then
@@ -1048,7 +1019,7 @@ parse_logprob(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, Pending *pend
         Py_ssize_t start, stop;
         pos++;
         BAIL_IF(!read_len(data, &pos, end, &start, &stop));
-        token = utf8(data, start, stop, &step);
+        token = strict_utf8(data, start, stop, &step);
         if (token == NULL) {
             goto done;
         }
@@ -1181,7 +1152,7 @@ parse_logprob(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, Pending *pend
             Py_ssize_t start = 0, stop = 0;
             literal_at++;
             read_len(data, &literal_at, end, &start, &stop);
-            alt_token = utf8(data, start, stop, &step);
+            alt_token = strict_utf8(data, start, stop, &step);
             if (alt_token == NULL) {
                 goto done;
             }
@@ -1299,7 +1270,7 @@ parse_frame(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, const Stream *s
         Py_ssize_t start, stop;
         pos++;
         BAIL_IF(!read_len(data, &pos, end, &start, &stop));
-        if ((text = utf8(data, start, stop, &step)) == NULL) {
+        if ((text = strict_utf8(data, start, stop, &step)) == NULL) {
             goto done;
         }
         if (pending_add(&pending, text) < 0) {
@@ -1349,7 +1320,7 @@ parse_frame(const uint8_t *data, Py_ssize_t pos, Py_ssize_t end, const Stream *s
         Py_ssize_t start, stop;
         pos++;
         BAIL_IF(!read_len(data, &pos, end, &start, &stop));
-        if ((finish = utf8(data, start, stop, &step)) == NULL) {
+        if ((finish = strict_utf8(data, start, stop, &step)) == NULL) {
             goto done;
         }
     }

@@ -1,7 +1,8 @@
 /* What every C extension of the codecs does alike: its method table's fast-call entries, the
- * module with its API_VERSION (codecs/extensions.py ignores a build whose version differs), and
- * the RuntimeError of a call made before configure(). Each extension is a module of its own, so
- * these are static. */
+ * module with its API_VERSION (codecs/extensions.py ignores a build whose version differs), the
+ * RuntimeError of a call made before configure(), and the steps of one that hands what it does
+ * not take back to its Python reference. Each extension is a module of its own, so these are
+ * static. */
 #ifndef INFERWIRE_EXTENSION_H
 #define INFERWIRE_EXTENSION_H
 
@@ -36,5 +37,27 @@ require_configured(int configured, const char *extension)
     }
     return 0;
 }
+
+/* Results of an extension's steps: done, hand back to the Python reference, or an exception
+ * is set. */
+enum { STEP_OK = 0, STEP_BAIL = 1, STEP_ERROR = -1 };
+
+/* Return from the enclosing step unless `step` is done. */
+#define TRY(step)                                                                               \
+    do {                                                                                        \
+        int step_result_ = (step);                                                              \
+        if (step_result_ != STEP_OK) {                                                          \
+            return step_result_;                                                                \
+        }                                                                                       \
+    } while (0)
+
+/* Hand back when `condition` holds, through the enclosing function's `step` and `done:`. */
+#define BAIL_IF(condition)                                                                      \
+    do {                                                                                        \
+        if (condition) {                                                                        \
+            step = STEP_BAIL;                                                                   \
+            goto done;                                                                          \
+        }                                                                                       \
+    } while (0)
 
 #endif

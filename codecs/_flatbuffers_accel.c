@@ -56,17 +56,6 @@
 enum { PAYLOAD_TOKEN_CHUNK = 1, PAYLOAD_EMBEDDING_BATCH, PAYLOAD_INFER_REQUEST,
        PAYLOAD_INFER_RESPONSE };
 
-/* Results of the steps below: done, hand back to Python, or an exception is set. */
-enum { STEP_OK = 0, STEP_BAIL = 1, STEP_ERROR = -1 };
-
-#define TRY(step)                                                                               \
-    do {                                                                                        \
-        int step_result_ = (step);                                                              \
-        if (step_result_ != STEP_OK) {                                                          \
-            return step_result_;                                                                \
-        }                                                                                       \
-    } while (0)
-
 /* ---- the model classes, read through their slots ------------------------------------------ */
 
 enum { E_MODEL, E_VECTORS, E_USAGE, E_FIELDS };

@@ -52,25 +52,6 @@
 /* protobuf's 2 GiB message limit: larger goes to upb, which says what it does with it. */
 #define MAX_MESSAGE ((Py_ssize_t)0x7FFFFFFF)
 
-/* Results of the steps below: done, hand back to upb, or an exception is set. */
-enum { STEP_OK = 0, STEP_BAIL = 1, STEP_ERROR = -1 };
-
-#define TRY(step)                                                                               \
-    do {                                                                                        \
-        int step_result_ = (step);                                                              \
-        if (step_result_ != STEP_OK) {                                                          \
-            return step_result_;                                                                \
-        }                                                                                       \
-    } while (0)
-
-#define BAIL_IF(condition)                                                                      \
-    do {                                                                                        \
-        if (condition) {                                                                        \
-            step = STEP_BAIL;                                                                   \
-            goto done;                                                                          \
-        }                                                                                       \
-    } while (0)
-
 /* ---- the model classes, read and written through their slots ------------------------------ */
 
 
@@ -376,25 +357,15 @@ read_len(const uint8_t *data, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t *start
     return 1;
 }
 
-/* Strict UTF-8: the string, or NULL with STEP_BAIL in *step (invalid: upb raises) or
- * STEP_ERROR. */
+/* Strict UTF-8, the empty string shared: the str, or NULL with STEP_BAIL in *step (invalid:
+ * upb raises) or STEP_ERROR. */
 static PyObject *
 utf8(const uint8_t *data, Py_ssize_t start, Py_ssize_t stop, int *step)
 {
     if (start == stop) {
         return Py_NewRef(S.empty);
     }
-    PyObject *text = PyUnicode_DecodeUTF8((const char *)data + start, stop - start, NULL);
-    if (text == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            PyErr_Clear();
-            *step = STEP_BAIL;
-        }
-        else {
-            *step = STEP_ERROR;
-        }
-    }
-    return text;
+    return strict_utf8(data, start, stop, step);
 }
 
 /* A string field written by upb: not empty (an empty one is the default, never written). */

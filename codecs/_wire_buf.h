@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_extension.h" /* STEP_BAIL, STEP_ERROR */
+
 #define MAX_VARINT_BYTES 10
 #define SMALL_BUF 512
 
@@ -181,6 +183,24 @@ end_len(Buf *buf, Py_ssize_t mark)
     write_varint(buf->data + mark, (uint64_t)length);
     buf->len += size - 1;
     return 0;
+}
+
+/* A string field's bytes data[start:stop] as strict UTF-8 (bytes.decode()): the str, or NULL
+ * with STEP_BAIL in *step (invalid: the reference raises its error) or STEP_ERROR. */
+static PyObject *
+strict_utf8(const uint8_t *data, Py_ssize_t start, Py_ssize_t stop, int *step)
+{
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)data + start, stop - start, NULL);
+    if (text == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            *step = STEP_BAIL;
+        }
+        else {
+            *step = STEP_ERROR;
+        }
+    }
+    return text;
 }
 
 #endif
