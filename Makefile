@@ -18,7 +18,7 @@ all: test
 # the schemas' generated modules cannot run on, and tritonclient.grpc runs on protobuf 7. Its
 # runtime dependencies are in the dev extra, resolved with everything else
 # (requirements/tritonclient.txt says more).
-$(STAMP): pyproject.toml requirements/constraints.txt requirements/tritonclient.txt \
+$(STAMP): pyproject.toml setup.py requirements/constraints.txt requirements/tritonclient.txt \
 		codecs/_delta_accel.c codecs/_scan.c codecs/_flatbuffers_accel.c codecs/_protobuf_accel.c \
 		codecs/_openai_accel.c codecs/_extension.h codecs/_model_slots.h codecs/_wire_buf.h \
 		bench/measure/_callgrind.c
@@ -36,7 +36,7 @@ venv: $(STAMP)
 # the namespace by setuptools' import hook, which mypy does not run.
 .typecheck/inferwire: Makefile | $(STAMP)
 	mkdir -p .typecheck/inferwire
-	for d in codecs schemas workloads engine serving transports bench; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
+	for d in _runtime codecs schemas workloads engine serving transports load observe bench cli; do ln -sfn ../../$$d .typecheck/inferwire/$$d; done
 	ln -sfn ../tests .typecheck/tests
 	ln -sfn ../examples .typecheck/examples
 
@@ -50,8 +50,8 @@ typecheck: $(STAMP) .typecheck/inferwire
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml \
 		-p inferwire.codecs -p inferwire.schemas -p inferwire.workloads -p inferwire.engine \
 		-p inferwire.serving \
-		-p inferwire.transports \
-		-p inferwire.bench
+		-p inferwire.transports -p inferwire.load -p inferwire.observe \
+		-p inferwire.bench -p inferwire.cli -p inferwire._runtime
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml tests examples
 
 # Two processes, one test file each at a time (pytest-xdist, --dist loadfile keeps a file's
@@ -120,6 +120,6 @@ $(GUIDELLM_STAMP):
 	touch $@
 
 compare-guidellm: $(STAMP) $(GUIDELLM_STAMP)
-	$(BIN)/python -m inferwire.bench.loadgen.local_tokenizer $(GUIDELLM_VENV)/tokenizer
-	$(BIN)/python -m inferwire.bench.loadgen.guidellm_compare \
+	$(BIN)/python -m inferwire.load.local_tokenizer $(GUIDELLM_VENV)/tokenizer
+	$(BIN)/python -m inferwire.load.guidellm_compare \
 		--guidellm $(GUIDELLM_VENV)/bin/guidellm --tokenizer $(GUIDELLM_VENV)/tokenizer

@@ -11,7 +11,7 @@ their order (new then reused, then reused then new, ...): ``saved`` is the media
 benchmarks cannot show as a saving. The reused clients stay open, idle, through the new
 rounds. ``extra_info`` records the connections the new rounds opened, and the loops the
 client, the server and the proxy ran on (the run's,
-:func:`~inferwire.bench.procs.server_process.requested_loop`).
+:func:`~inferwire.bench.procs.loops.requested_loop`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.procs import server_process
-from inferwire.transports import loops
+from inferwire._runtime import loops
+from inferwire.transports import server_process
 from inferwire.workloads import token_stream_source
 
 CODEC = "protobuf"
@@ -46,7 +46,7 @@ REQUEST = ic.InferRequest(
 
 class _Env:
     def __init__(self) -> None:
-        self.loop = loops.new_event_loop(server_process.requested_loop())
+        self.loop = loops.new_event_loop(loops.requested_loop())
         self.servers: dict[tuple[str, bool], server_process.ServerProcess] = {}
         self.proxies: dict[tuple[str, bool], server_process.ServerProcess] = {}
         self.expected = it.SimulatedService(token_stream_source).infer(REQUEST)

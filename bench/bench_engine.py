@@ -41,7 +41,6 @@ import numpy as np
 import pytest
 
 from inferwire import engine
-from inferwire.bench.loadgen import metrics, openloop
 from inferwire.bench.measure.engine_drive import (
     SATURATION_CORES,
     SATURATION_GAIN,
@@ -72,7 +71,8 @@ from inferwire.bench.measure.engine_runs import (
     trace,
     unique_shapes,
 )
-from inferwire.bench.procs import engine_stack, server_process
+from inferwire.bench.procs import engine_stack, placement
+from inferwire.load import metrics, openloop
 
 C8_RATE_RPS: Final = 50.0
 C8_REQUESTS: Final = 4000
@@ -388,7 +388,7 @@ def bench_hop_sweep(benchmark: Any) -> None:
         for i in range(DISTINCT_STREAMS)
     ]
     chunks = SERVICE.chunks(generate_request(shapes[0]))
-    cores = server_process.split_cores()
+    cores = placement.split_cores()
     own_cores = os.sched_getaffinity(0)
     points: dict[str, dict[str, dict[str, Any]]] = {hop: {} for hop in SWEEP_HOPS}
     encode_us: list[float] = []
@@ -401,8 +401,8 @@ def bench_hop_sweep(benchmark: Any) -> None:
         }
         if cores is not None:
             for stack in stacks.values():
-                server_process.pin_threads(stack.frontend_pid, cores[0])
-                server_process.pin_threads(stack.engine.pid, cores[1])
+                placement.pin_threads(stack.frontend_pid, cores[0])
+                placement.pin_threads(stack.engine.pid, cores[1])
             os.sched_setaffinity(0, {cores[1]})
 
         def run() -> None:

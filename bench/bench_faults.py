@@ -1,8 +1,8 @@
 """Bad input and faults, for the report: every fault scenario of
-:mod:`inferwire.bench.loadgen.faults` on every transport (the generator at 40 requests/s
+:mod:`inferwire.load.faults` on every transport (the generator at 40 requests/s
 against a server that is killed and restarted, whose connections are dropped, or that is
 stopped past the clients' timeout), and the bad-input table of
-:mod:`inferwire.bench.loadgen.bad_inputs`. The timed value is a run's wall time, fixed by its
+:mod:`inferwire.load.bad_inputs`. The timed value is a run's wall time, fixed by its
 schedule: the figures are in ``extra_info``.
 
 A run fails if a request is not accounted for (counted twice, or neither a success nor an
@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import pytest
 
-from inferwire.bench.loadgen import bad_inputs, fault_plan, faults, metrics
+from inferwire.load import bad_inputs, fault_plan, faults, metrics
 
 DISABLED_DURATION_S: Final = 3.5
 DISABLED_PLAN: Final = ("kill-restart", "tcp")

@@ -41,8 +41,9 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.procs import grpc_floor, server_process
-from inferwire.transports import loops
+from inferwire._runtime import loops
+from inferwire.bench.procs import grpc_floor, placement
+from inferwire.transports import server_process
 from inferwire.transports.grpc_transport import _path, _request_to_pb
 from inferwire.transports.service import GenerateRequest
 from inferwire.workloads import token_stream_source
@@ -66,7 +67,7 @@ class _Env:
 
     def __init__(self) -> None:
         self.own_affinity = os.sched_getaffinity(0)
-        self.cores = server_process.split_cores()
+        self.cores = placement.split_cores()
         if self.cores is not None:
             os.sched_setaffinity(0, {self.cores[1]})
         self.loop_kind = loops.resolve("auto")
@@ -79,7 +80,7 @@ class _Env:
     def _started(self, process: server_process.ServerProcess) -> server_process.ServerProcess:
         process.start()
         if self.cores is not None and process.process is not None:
-            server_process.pin_threads(process.process.pid, self.cores[0])
+            placement.pin_threads(process.process.pid, self.cores[0])
         return process
 
     def process(self, kind: str, codec: str) -> server_process.ServerProcess:

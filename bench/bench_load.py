@@ -35,9 +35,9 @@ from prometheus_client import generate_latest, start_http_server
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.loadgen import live_metrics, metrics, openloop
-from inferwire.bench.procs import server_process
-from inferwire.transports import loops
+from inferwire._runtime import loops
+from inferwire.load import live_metrics, metrics, openloop
+from inferwire.transports import server_process
 
 CAPACITY_RATES: Final = (5_000.0, 10_000.0)
 CAPACITY_S: Final = 1.5

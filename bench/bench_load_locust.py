@@ -24,8 +24,8 @@ from typing import Any, Final
 
 import pytest
 
-from inferwire.bench.loadgen import locust_local, metrics, openloop
-from inferwire.bench.procs import server_process
+from inferwire.load import locust_local, metrics, openloop
+from inferwire.transports import server_process
 
 RATE_RPS: Final = 1_000.0
 """About one generator core's worth against this server on this machine (tcp, stream-16)."""

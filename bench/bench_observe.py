@@ -47,9 +47,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire._runtime import loops
 from inferwire.bench.measure.paired import paired_ratio
-from inferwire.bench.procs import server_process
-from inferwire.transports import loops
+from inferwire.bench.procs import placement
+from inferwire.transports import server_process
 from inferwire.transports.metrics import ServerMetrics
 from inferwire.workloads import token_stream_source
 
@@ -79,14 +80,14 @@ SCRAPE_TIMEOUT_S = 60.0
 class _Observed:
     """One event loop of the run's kind; per transport a metrics-on and a metrics-off server
     and a client of each, every server on one core and this process on another when there are
-    two (:func:`~inferwire.bench.procs.server_process.split_cores`)."""
+    two (:func:`~inferwire.bench.procs.placement.split_cores`)."""
 
     def __init__(self) -> None:
         self.own_affinity = os.sched_getaffinity(0)
-        self.cores = server_process.split_cores()
+        self.cores = placement.split_cores()
         if self.cores is not None:
             os.sched_setaffinity(0, {self.cores[1]})
-        self.loop_kind = server_process.requested_loop()
+        self.loop_kind = loops.requested_loop()
         self.loop = loops.new_event_loop(self.loop_kind)
         self.servers: dict[tuple[str, bool], server_process.ServerProcess] = {}
         self.clients: dict[tuple[str, bool], it.Client] = {}
@@ -101,7 +102,7 @@ class _Observed:
             process = server_process.serve(transport, CODEC, *options, "--loop", self.loop_kind)
             process.start()
             if self.cores is not None and process.process is not None:
-                server_process.pin_threads(process.process.pid, self.cores[0])
+                placement.pin_threads(process.process.pid, self.cores[0])
             self.servers[key] = process
         return self.servers[key]
 
@@ -170,7 +171,7 @@ def _server_cpu(
         calls = max(1, min(1000, round(min_sample_s / max(time.perf_counter() - start, 1e-9))))
 
     def cpu_ns(work: Callable[[], Any], pid: int) -> int:
-        clock = server_process.cpu_clock(pid)
+        clock = placement.cpu_clock(pid)
         start = time.clock_gettime_ns(clock)
         for _ in range(calls):
             work()

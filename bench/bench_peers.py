@@ -5,7 +5,7 @@ and Hypercorn + Starlette (HTTP/2 cleartext, prior knowledge); the peers are
 :mod:`inferwire.bench.procs.peer_servers`, serving the same service with the same codec, so
 the bytes of every stream are the same. Our client (the same for both sides of a pair) drives each.
 Every server and the client run on the run's event loop
-(:func:`~inferwire.bench.procs.server_process.requested_loop`: uvloop when installed, as
+(:func:`~inferwire.bench.procs.loops.requested_loop`: uvloop when installed, as
 ``uvicorn[standard]`` and Hypercorn's uvloop workers are deployed); each result records the
 client's loop and its server's as announced, and a pair on different loops fails.
 
@@ -60,9 +60,10 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.procs import peer_servers, server_process
+from inferwire._runtime import loops
+from inferwire.bench.procs import peer_servers, placement
 from inferwire.bench.report.peers import GROUP as PEERS_GROUP
-from inferwire.transports import loops
+from inferwire.transports import server_process
 from inferwire.workloads import token_stream_source
 
 CODEC: Final = "orjson"
@@ -147,12 +148,12 @@ class _Env:
     """One event loop in a pinned benchmark process; one pinned server process per name."""
 
     def __init__(self) -> None:
-        self.loop = loops.new_event_loop(server_process.requested_loop())
+        self.loop = loops.new_event_loop(loops.requested_loop())
         self.processes: dict[str, server_process.ServerProcess] = {}
         self.request = it.GenerateRequest(workload=WORKLOAD)
         self.expected = list(it.SimulatedService(token_stream_source).chunks(self.request))
         self.own_affinity = os.sched_getaffinity(0)
-        split = server_process.split_cores()
+        split = placement.split_cores()
         self.pinned = split is not None
         self.server_core, self.client_core = split or (-1, -1)
         if self.pinned:
@@ -165,7 +166,7 @@ class _Env:
             self.processes[name] = process
             assert process.process is not None
             if self.pinned:
-                server_process.pin_threads(process.process.pid, self.server_core)
+                placement.pin_threads(process.process.pid, self.server_core)
         popen = self.processes[name].process
         assert popen is not None
         return self.processes[name].address, psutil.Process(popen.pid)
@@ -182,7 +183,7 @@ class _Env:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            server_clock = server_process.cpu_clock(server.pid)
+            server_clock = placement.cpu_clock(server.pid)
             server_before = time.clock_gettime_ns(server_clock)
             client_before = time.process_time()
             start = time.perf_counter()

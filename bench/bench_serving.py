@@ -64,11 +64,12 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.serving as iws
+from inferwire._runtime import loops
 from inferwire.bench.measure.serving_rounds import BASELINE, HELPERS, PATHS, Server, run_pairs
-from inferwire.bench.procs import server_process, serving_app
+from inferwire.bench.procs import placement, serving_app
 from inferwire.bench.report.serving import CLIENT_GROUP, ENCODE_GROUP, SERVER_GROUP
 from inferwire.serving import httpx as iws_httpx
-from inferwire.transports import loops
+from inferwire.transports import server_process
 
 TARGET_RATIO: Final = 3.0
 STREAMS: Final = 24
@@ -89,15 +90,15 @@ class _Env:
 @pytest.fixture(scope="module")
 def env() -> Iterator[_Env]:
     own = os.sched_getaffinity(0)
-    split = server_process.split_cores()
+    split = placement.split_cores()
     process = serving_app.serving_app().start()
     assert process.process is not None
     pid = process.process.pid
     if split is not None:
-        server_process.pin_threads(pid, split[0])
+        placement.pin_threads(pid, split[0])
         os.sched_setaffinity(0, {split[1]})
     environment = _Env(
-        loop=loops.new_event_loop(server_process.requested_loop()),
+        loop=loops.new_event_loop(loops.requested_loop()),
         process=process,
         server=Server(f"http://{process.address}", pid, list(serving_app.steps(0))),
         pinned=split is not None,
@@ -210,7 +211,7 @@ def bench_serving_encode(benchmark: Any) -> None:
     names = [n for n in PATHS if n != "orjson-per-chunk"]
     makers = {name: _making(name) for name in names}
     chunks = len(serving_app.steps(0))
-    loop = loops.new_event_loop(server_process.requested_loop())
+    loop = loops.new_event_loop(loops.requested_loop())
     sizes = {name: loop.run_until_complete(_drain(make())) for name, make in makers.items()}
     try:
         times = _interleaved(

@@ -34,8 +34,8 @@ import numpy as np
 import pytest
 
 import inferwire.transports as it
-from inferwire.bench.procs import server_process
-from inferwire.transports import loops
+from inferwire._runtime import loops
+from inferwire.transports import server_process
 from inferwire.transports.timing import REQUEST_STAGES
 from inferwire.workloads import token_stream_source
 
@@ -59,7 +59,7 @@ request per token) per transport."""
 
 class _Env:
     def __init__(self) -> None:
-        self.loop = loops.new_event_loop(server_process.requested_loop())
+        self.loop = loops.new_event_loop(loops.requested_loop())
         self.processes: dict[tuple[str, ...], server_process.ServerProcess] = {}
 
     def server(

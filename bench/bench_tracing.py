@@ -61,10 +61,11 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire._runtime import loops
 from inferwire.bench.measure.paired import paired_ratio
-from inferwire.bench.procs import server_process
-from inferwire.bench.traces import otlp_json
-from inferwire.transports import loops
+from inferwire.bench.procs import placement
+from inferwire.observe.traces import otlp_json
+from inferwire.transports import server_process
 from inferwire.transports.tracing import CLIENT_SERVICE, CLIENT_STAGES, SERVER_STAGES, Tracer
 from inferwire.workloads import token_stream_source
 
@@ -77,7 +78,7 @@ CLIENT_SPANS: Final = 1 + len(CLIENT_STAGES)
 SERVER_SPANS: Final = 1 + len(SERVER_STAGES)
 ROOT: Final = Path(__file__).resolve().parents[1]
 TRANSPORTS: Final = it.TRANSPORTS
-COLLECT: Final = (sys.executable, "-m", "inferwire.bench.runner.cli", "trace", "collect")
+COLLECT: Final = (sys.executable, "-m", "inferwire.cli.main", "trace", "collect")
 
 
 def _git(*args: str) -> bytes:
@@ -148,10 +149,10 @@ class _Collector:
 class _Env:
     def __init__(self, tmp: Path) -> None:
         self.own_affinity = os.sched_getaffinity(0)
-        self.cores = server_process.split_cores()
+        self.cores = placement.split_cores()
         if self.cores is not None:
             os.sched_setaffinity(0, {self.cores[1]})
-        self.loop_kind = server_process.requested_loop()
+        self.loop_kind = loops.requested_loop()
         self.loop = loops.new_event_loop(self.loop_kind)
         self.tmp = tmp
         self.collector = _Collector(tmp / "spans.jsonl")
@@ -183,7 +184,7 @@ class _Env:
             else:
                 process.start()
             if self.cores is not None and process.process is not None:
-                server_process.pin_threads(process.process.pid, self.cores[0])
+                placement.pin_threads(process.process.pid, self.cores[0])
             self.servers[key] = process
         return self.servers[key]
 
@@ -268,7 +269,7 @@ def _cpu_pairs(
     """``PAIRS`` back-to-back (subject, baseline) CPU times: this thread's + the server's."""
 
     def cpu_ns(work: Callable[[], Any], pid: int) -> int:
-        clock = server_process.cpu_clock(pid)
+        clock = placement.cpu_clock(pid)
         client, server = time.thread_time_ns(), time.clock_gettime_ns(clock)
         work()
         return time.thread_time_ns() - client + time.clock_gettime_ns(clock) - server

@@ -14,7 +14,7 @@ asyncio Protocol callbacks on both ends, no framing or codec), and ``asyncio_vs_
 installed).
 
 Event loop: servers and client run on the run's loop
-(:func:`~inferwire.bench.procs.server_process.requested_loop`, ``$INFERWIRE_LOOP``, uvloop
+(:func:`~inferwire.bench.procs.loops.requested_loop`, ``$INFERWIRE_LOOP``, uvloop
 when installed); every result records the client's (``loop``) and the server's as it announced
 it (``server_loop``).
 """
@@ -33,9 +33,10 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire._runtime import loops
 from inferwire.bench.measure.paired import paired_ratio
-from inferwire.bench.procs import echo_server, server_process
-from inferwire.transports import loops
+from inferwire.bench.procs import echo_server, placement
+from inferwire.transports import server_process
 from inferwire.transports.tcp import infer_wire_bytes
 from inferwire.workloads import token_stream_source
 
@@ -68,16 +69,16 @@ SMALL_REQUEST = ic.InferRequest(
 class _Bench:
     """One event loop of the run's kind, one server process per (transport, codec), one client
     each; with two cores or more, every server on one core and this process on another
-    (:func:`~inferwire.bench.procs.server_process.split_cores` says why). A loop of another
+    (:func:`~inferwire.bench.procs.placement.split_cores` says why). A loop of another
     kind (with its own servers) is made only for the comparison of loops; it runs only while
     the run's loop does not."""
 
     def __init__(self) -> None:
         self.own_affinity = os.sched_getaffinity(0)
-        self.cores = server_process.split_cores()
+        self.cores = placement.split_cores()
         if self.cores is not None:
             os.sched_setaffinity(0, {self.cores[1]})
-        self.loop_kind = server_process.requested_loop()
+        self.loop_kind = loops.requested_loop()
         self.loops = {self.loop_kind: loops.new_event_loop(self.loop_kind)}
         self.loop = self.loops[self.loop_kind]
         self.servers: dict[tuple[str, str, str], server_process.ServerProcess] = {}
@@ -90,7 +91,7 @@ class _Bench:
     def _started(self, process: server_process.ServerProcess) -> server_process.ServerProcess:
         process.start()
         if self.cores is not None and process.process is not None:
-            server_process.pin_threads(process.process.pid, self.cores[0])
+            placement.pin_threads(process.process.pid, self.cores[0])
         return process
 
     def server(
@@ -203,7 +204,7 @@ def _cpu_ratio(
     wake-up (they compress a wall-clock ratio towards 1)."""
 
     def cpu_ns(work: Callable[[], Any], pid: int) -> int:
-        clock = server_process.cpu_clock(pid)
+        clock = placement.cpu_clock(pid)
         client, server = time.thread_time_ns(), time.clock_gettime_ns(clock)
         work()
         return time.thread_time_ns() - client + time.clock_gettime_ns(clock) - server

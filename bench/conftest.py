@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
+from inferwire._runtime.loops import LOOP_ENV, requested_loop
 from inferwire.bench.measure.calibration import Calibration
 from inferwire.bench.measure.versions import CORE_LIBRARIES, library_versions
-from inferwire.bench.procs.server_process import LOOP_ENV, requested_loop
 
 LIBRARIES = (*CORE_LIBRARIES, "pytest-benchmark", "uvloop")
 

@@ -5,7 +5,7 @@ warm-up, and a deadline would make that flaky on a loaded 2-core CI machine). Th
 profile (``HYPOTHESIS_PROFILE=ci``) derandomizes, so a CI failure reproduces exactly.
 
 Event loops: a test that takes the ``event_loop_kind`` fixture runs once on asyncio's own loop
-and once on uvloop (what users deploy; :mod:`inferwire.transports.loops`), its servers and
+and once on uvloop (what users deploy; :mod:`inferwire._runtime.loops`), its servers and
 clients on a loop of that kind (``loops.run(coro, event_loop_kind)``, ``serve --loop``). The
 fixture is session-scoped, so pytest runs every test of one loop before the other's and a
 session fixture that depends on it (a fleet of server processes) exists for one loop at a time.
@@ -19,7 +19,7 @@ import os
 import pytest
 from hypothesis import settings
 
-from inferwire.transports import loops
+from inferwire._runtime import loops
 
 settings.register_profile("default", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwire.bench.loadgen.live_metrics import PRESET_ERROR_KINDS, LiveMetrics
+from inferwire.load.live_metrics import PRESET_ERROR_KINDS, LiveMetrics
 
 SPEC = {  # exposed family name (no _total): type, label names
     "inferwire_load_requests": ("counter", {"outcome"}),

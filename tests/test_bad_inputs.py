@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import inferwire.codecs as ic
-from inferwire.bench.loadgen import bad_inputs
 from inferwire.bench.report import bad_inputs as bad_inputs_report
+from inferwire.load import bad_inputs
 from inferwire.workloads.hostile import KINDS
 
 

@@ -1,5 +1,5 @@
 """What ``inferwire bench --repeat N`` publishes or refuses to publish
-(:mod:`inferwire.bench.runner.cli`).
+(:mod:`inferwire.cli.main`).
 The merge of the repeats: test_bench_merge.py; how the report shows them:
 test_bench_runs_report.py.
 
@@ -20,7 +20,8 @@ from typing import Any, Final
 
 import pytest
 
-from inferwire.bench.runner import cli, merge
+from inferwire.bench.runner import merge
+from inferwire.cli import main as cli
 from tests.bench_run_helpers import (
     busy_neighbour,
     clean_env,
@@ -257,7 +258,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     command = [
         sys.executable,
         "-m",
-        "inferwire.bench.runner.cli",
+        "inferwire.cli.main",
         "bench",
         "--out",
         str(out / "results"),

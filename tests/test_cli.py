@@ -2,7 +2,7 @@
 naming the problem and exit status 2, never a traceback; every option's help shows its
 default; the help lists the codecs, transports and workloads to choose from.
 
-The mistakes run through the real entry point (``python -m inferwire.bench.runner.cli``, what
+The mistakes run through the real entry point (``python -m inferwire.cli.main``, what
 the ``inferwire`` script calls), all started at once, since each pays an interpreter's start.
 """
 
@@ -26,9 +26,9 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire import workloads
-from inferwire.bench.runner import cli
+from inferwire.cli import main as cli
 
-INFERWIRE: Final = (sys.executable, "-m", "inferwire.bench.runner.cli")
+INFERWIRE: Final = (sys.executable, "-m", "inferwire.cli.main")
 SERVE_MODULE: Final = (sys.executable, "-m", "inferwire.transports.serve")
 TIMEOUT_S: Final = 120.0
 BUSY: Final = "{busy}"  # replaced by the port of a socket this module holds, listening
@@ -280,4 +280,4 @@ def test_the_script_is_the_module_that_was_tested() -> None:
     script = Path(sys.executable).with_name("inferwire")
     if not script.exists():
         pytest.skip("no inferwire script beside this interpreter (not an installed venv)")
-    assert "from inferwire.bench.runner.cli import main" in script.read_text()
+    assert "from inferwire.cli.main import main" in script.read_text()

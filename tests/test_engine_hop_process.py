@@ -22,11 +22,12 @@ import pytest
 import zmq
 
 import inferwire.codecs as ic
+from inferwire._runtime import loops
 from inferwire.engine import hop
 from inferwire.engine.client import EngineClient, EngineStream
 from inferwire.engine.hop_codecs import hop_codec
 from inferwire.engine.launch import EngineProcess
-from inferwire.transports import GenerateRequest, loops
+from inferwire.transports import GenerateRequest
 from inferwire.transports.engine_service import EngineService
 from inferwire.workloads import cut_stream, token_stream_source
 

@@ -21,10 +21,10 @@ import openai
 import pytest
 
 import inferwire.transports as it
+from inferwire._runtime import loops
 from inferwire.engine.client import EngineClient
 from inferwire.engine.hop_codecs import hop_codec
 from inferwire.engine.launch import EngineProcess
-from inferwire.transports import loops
 from inferwire.workloads import MODEL, cut_stream, token_stream_source
 
 WAIT_S = 60.0

@@ -16,7 +16,7 @@ from typing import Final
 
 import pytest
 
-from inferwire.transports import extras
+from inferwire._runtime import extras
 
 PYPROJECT: Final = Path(__file__).resolve().parents[1] / "pyproject.toml"
 TIMEOUT_S: Final = 120.0
@@ -73,14 +73,14 @@ def test_test_certificates_without_trustme_name_the_extra() -> None:
         "import inferwire.transports as it\nit.make_test_certificates()\n",
     )
     assert result.stderr.splitlines()[-1] == (
-        "inferwire.transports.extras.MissingExtraError: making TLS test certificates needs "
+        "inferwire._runtime.extras.MissingExtraError: making TLS test certificates needs "
         "trustme, which is not installed: pip install 'inferwire[transports]'"
     )
 
 
 # what a base install lacks: every library of every extra
 BASE_INSTALL: Final = tuple(extras.EXTRAS)
-CLI: Final = "import sys\nfrom inferwire.bench.runner.cli import main\nsys.exit(main())\n"
+CLI: Final = "import sys\nfrom inferwire.cli.main import main\nsys.exit(main())\n"
 
 
 def test_the_command_on_a_base_install_has_help() -> None:

@@ -22,8 +22,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
+from inferwire._runtime import loops
 from inferwire.schemas.kserve import inference_pb2 as kpb
-from inferwire.transports import loops
 from tests.fault_helpers import serving
 
 BOUND_S = 60.0

@@ -25,7 +25,7 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.transports import loops
+from inferwire._runtime import loops
 from inferwire.transports.http1 import MAX_HEADER_BYTES
 from tests.fault_helpers import (
     assert_serves,

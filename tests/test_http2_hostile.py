@@ -43,8 +43,9 @@ from hyperframe.frame import (
 )
 
 import inferwire.transports as it
+from inferwire._runtime import loops
 from inferwire.transports import errors as it_errors
-from inferwire.transports import h2guard, http2, loops
+from inferwire.transports import h2guard, http2
 from inferwire.transports.http2.server import ServerProtocol
 from tests.fault_helpers import MESSAGES, Running, assert_serves, serving, wait_until
 

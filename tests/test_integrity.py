@@ -14,8 +14,8 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire import workloads
-from inferwire.bench.loadgen import load_command, metrics, openloop
 from inferwire.codecs.integrity import AlteredStreamError, StreamVerifier
+from inferwire.load import load_command, metrics, openloop
 from inferwire.workloads import token_stream_source
 
 SERVICE = it.SimulatedService(token_stream_source)

@@ -28,8 +28,9 @@ from tritonclient.utils import InferenceServerException
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire._runtime import loops
 from inferwire.schemas.kserve import inference_pb2 as kpb
-from inferwire.transports import kserve_grpc, loops
+from inferwire.transports import kserve_grpc
 from tests.fault_helpers import Running, expected_chunks, serving, wait_until
 
 BOUND_S = 60.0

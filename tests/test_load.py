@@ -18,10 +18,10 @@ from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped, unused-i
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.loadgen import metrics, openloop
-from inferwire.bench.loadgen.metrics import Histogram, Recorder, Slo
-from inferwire.bench.procs import server_process
-from inferwire.bench.runner import cli
+from inferwire.cli import main as cli
+from inferwire.load import metrics, openloop
+from inferwire.load.metrics import Histogram, Recorder, Slo
+from inferwire.transports import server_process
 from inferwire.workloads import token_stream_source
 from tests.fault_helpers import thread_server
 

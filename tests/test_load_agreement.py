@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from inferwire.bench.loadgen import guidellm_compare as gc
 from inferwire.bench.report import load_agreement as la
 from inferwire.bench.report import load_agreement_figures as laf
+from inferwire.load import guidellm_compare as gc
 
 T0 = 1_800_000_000.0  # a Unix time
 
@@ -228,7 +228,7 @@ def test_stream_tap_times_each_exchange_of_a_connection() -> None:
     import asyncio
     import time
 
-    from inferwire.bench.loadgen.stream_tap import Exchange, StreamTap
+    from inferwire.load.stream_tap import Exchange, StreamTap
 
     delay_s = 0.05
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferwire.bench.loadgen import openloop
+from inferwire.load import openloop
 
 RAMPS = [  # (from, to, seconds): up from zero, up from a rate, down
     (0.0, 1000.0, 8.0),

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from inferwire.bench.loadgen import capacity
 from inferwire.bench.report import load as report_load
 from inferwire.bench.report.results import LOAD_RAW
-from inferwire.bench.runner import cli
+from inferwire.cli import main as cli
+from inferwire.load import capacity
 
 
 def point(

@@ -19,17 +19,16 @@ from typing import Any
 import orjson
 import pytest
 
-from inferwire.bench.loadgen import api_streams, endpoints, openloop
-from inferwire.bench.loadgen.api_streams import (
+from inferwire.cli import main as cli
+from inferwire.load import api_streams, endpoints, openloop
+from inferwire.load.api_streams import (
     ApiChunk,
     ApiStreamCheck,
     ServerStreamError,
     UsageMismatchError,
 )
-from inferwire.bench.loadgen.sse import SseError, SseEvent, SseReader
-from inferwire.bench.procs import server_process
-from inferwire.bench.runner import cli
-from inferwire.transports import ConnectError, ProtocolError, StreamTruncatedError
+from inferwire.load.sse import SseError, SseEvent, SseReader
+from inferwire.transports import ConnectError, ProtocolError, StreamTruncatedError, server_process
 
 TINY = Path(__file__).with_name("tiny_openai_server.py")
 TTFT_MS = 60.0
@@ -470,14 +469,14 @@ def _stream_response(raw: bytes, datatype: str = "BYTES") -> bytes:
     ids=["not-protobuf", "cut-length", "cut-element"],
 )
 def test_a_bad_grpc_response_is_a_protocol_error(data: bytes) -> None:
-    from inferwire.bench.loadgen.kserve_grpc_target import chunk_of
+    from inferwire.load.kserve_grpc_target import chunk_of
 
     with pytest.raises(ProtocolError):
         chunk_of(data)
 
 
 def test_a_grpc_response_with_an_error_message_fails_the_request() -> None:
-    from inferwire.bench.loadgen.kserve_grpc_target import chunk_of
+    from inferwire.load.kserve_grpc_target import chunk_of
     from inferwire.schemas.kserve import inference_pb2 as kpb
 
     with pytest.raises(ServerStreamError):

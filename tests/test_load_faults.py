@@ -1,7 +1,7 @@
 """Faults under load, on real server processes: the open-loop generator runs a few seconds at
 40 requests/s while the server is killed and restarted on its port, its connections are
 dropped, or it is stopped for longer than the clients' timeout
-(:mod:`inferwire.bench.loadgen.faults`).
+(:mod:`inferwire.load.faults`).
 
 What must hold whatever the fault: every request is counted once, as a success or an error;
 every success is a whole, verified stream (checked by the generator, and again from outside
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 import inferwire.transports as it
-from inferwire.bench.loadgen import fault_plan, faults, load_command, metrics, openloop
-from inferwire.bench.procs import server_process
 from inferwire.bench.report import faults as report_faults
+from inferwire.load import fault_plan, faults, load_command, metrics, openloop
+from inferwire.transports import server_process
 
 TIMEOUT_S = 120.0
 """Outer bound on one scenario (each runs about 6 s): a bound that fires is a hang."""

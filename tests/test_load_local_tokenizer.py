@@ -1,5 +1,5 @@
 """The offline tokenizer the guidellm comparison hands to guidellm
-(inferwire.bench.loadgen.local_tokenizer): lossless, deterministic, one token per word piece."""
+(inferwire.load.local_tokenizer): lossless, deterministic, one token per word piece."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from inferwire.bench.loadgen import local_tokenizer
+from inferwire.load import local_tokenizer
 from inferwire.workloads import token_stream_source
 from inferwire.workloads.vocab import pieces
 
@@ -61,7 +61,7 @@ def test_same_vocabulary_same_file(built: Path) -> None:
 def test_command_line_writes_and_refuses_a_file(tmp_path: Path) -> None:
     out = tmp_path / "tok"
     done = subprocess.run(
-        [sys.executable, "-m", "inferwire.bench.loadgen.local_tokenizer", str(out)],
+        [sys.executable, "-m", "inferwire.load.local_tokenizer", str(out)],
         capture_output=True,
         text=True,
         timeout=120,

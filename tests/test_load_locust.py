@@ -18,16 +18,16 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.loadgen import (
+from inferwire.cli import main as cli
+from inferwire.load import (
     hdr_merge,
     html_report,
     locust_local,
     openloop,
     split_run,
 )
-from inferwire.bench.loadgen.metrics import Histogram, RequestRecord
-from inferwire.bench.procs import server_process
-from inferwire.bench.runner import cli
+from inferwire.load.metrics import Histogram, RequestRecord
+from inferwire.transports import server_process
 
 _TOKEN: Final = ic.TokenChunk(
     id="null",

@@ -1,4 +1,4 @@
-"""The load generator's live metrics (:mod:`inferwire.bench.loadgen.live_metrics`), in this
+"""The load generator's live metrics (:mod:`inferwire.load.live_metrics`), in this
 process: the names, types and labels of the contract (OBSERVE-SPEC.md), buckets as Prometheus
 reads them, the recorder feeding them exactly what it records (its window, its error names),
 a point in process whose metrics equal its report, and the checks of ``--metrics-*``.
@@ -25,12 +25,12 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.loadgen import live_metrics, openloop
-from inferwire.bench.loadgen.live_metrics import LiveMetrics
-from inferwire.bench.loadgen.metrics import UNFINISHED, Recorder, Window
 from inferwire.bench.report import load as report_load
 from inferwire.bench.report.results import LOAD_RAW
-from inferwire.bench.runner import cli
+from inferwire.cli import main as cli
+from inferwire.load import live_metrics, openloop
+from inferwire.load.live_metrics import LiveMetrics
+from inferwire.load.metrics import UNFINISHED, Recorder, Window
 from inferwire.transports import metrics_core
 from inferwire.transports.metrics_core import LATENCY_BUCKETS_S
 from tests.load_metrics_helpers import HISTOGRAMS, SPEC, assert_agree, buckets, parse, scrape, value

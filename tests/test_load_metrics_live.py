@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 
 import inferwire.transports as it
-from inferwire.bench.procs import server_process
+from inferwire.transports import server_process
 from tests.load_metrics_helpers import SPEC, assert_agree, parse, value
 
-LOAD = (sys.executable, "-m", "inferwire.bench.runner.cli", "load")
+LOAD = (sys.executable, "-m", "inferwire.cli.main", "load")
 TINY = Path(__file__).with_name("tiny_openai_server.py")
 TIMEOUT_S = 180.0
 """Bound on any one wait (start-up, the run, the exit): one that fires is a hang."""

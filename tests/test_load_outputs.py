@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferwire.bench.loadgen import html_report, load_command, metrics, openloop, records
-from inferwire.bench.loadgen.metrics import Histogram, Recorder, RequestRecord
-from inferwire.bench.loadgen.timeline import MAX_BUCKETS, Timeline, bucket_width_s
-from inferwire.bench.procs import server_process
-from inferwire.bench.runner import cli
+from inferwire.cli import main as cli
+from inferwire.load import html_report, load_command, metrics, openloop, records
+from inferwire.load.metrics import Histogram, Recorder, RequestRecord
+from inferwire.load.timeline import MAX_BUCKETS, Timeline, bucket_width_s
+from inferwire.transports import server_process
 
 RATES = (40.0, 80.0)
 

@@ -15,16 +15,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferwire.bench.loadgen import prompt_files, prompts
-from inferwire.bench.loadgen.prompt_sets import (
+from inferwire._runtime.arguments import CommandError, Parser
+from inferwire.load import prompt_files, prompts
+from inferwire.load.prompt_sets import (
     MAX_LENGTH_TOKENS,
     WORDS,
     ListedPrompts,
     SyntheticPrompts,
 )
-from inferwire.bench.loadgen.prompts import Lengths, LengthsError, Prompt, PromptFileError
-from inferwire.bench.loadgen.tokenizer import Tokenizer, TokenizerError, load_tokenizer
-from inferwire.transports.arguments import CommandError, Parser
+from inferwire.load.prompts import Lengths, LengthsError, Prompt, PromptFileError
+from inferwire.load.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from inferwire.workloads import vocab
 
 BUNDLED = Path(prompts.__file__).parent / "data" / prompts.BUNDLED_FILE
@@ -232,14 +232,14 @@ def test_a_bad_tokenizer_path_is_a_clear_error(tmp_path: Path) -> None:
 def test_without_the_library_the_tokenizer_names_its_extra(tmp_path: Path) -> None:
     code = (
         "import sys\nsys.modules['tokenizers'] = None\n"
-        "from inferwire.bench.loadgen.tokenizer import load_tokenizer\n"
+        "from inferwire.load.tokenizer import load_tokenizer\n"
         f"load_tokenizer({str(tmp_path)!r})\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
     )
     assert result.stderr.splitlines()[-1] == (
-        "inferwire.transports.extras.MissingExtraError: counting tokens with --tokenizer needs "
+        "inferwire._runtime.extras.MissingExtraError: counting tokens with --tokenizer needs "
         "tokenizers, which is not installed: pip install 'inferwire[tokenizer]'"
     )
 
@@ -419,7 +419,7 @@ def test_files_that_cannot_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_the_bundled_file_is_what_the_generator_writes(tmp_path: Path) -> None:
     assert BUNDLED.read_bytes() == prompts.bundled_bytes(), (
-        "the bundled prompts are stale: python -m inferwire.bench.loadgen.prompts write-bundled"
+        "the bundled prompts are stale: python -m inferwire.load.prompts write-bundled"
     )
     written = tmp_path / "again.jsonl"
     assert prompts.main(["write-bundled", "--output", str(written)]) == 0

@@ -17,11 +17,11 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.loadgen import alarm, openloop
-from inferwire.bench.loadgen.metrics import Recorder, RequestRecord, Slo, Window
-from inferwire.bench.procs import server_process
-from inferwire.bench.runner import cli
-from inferwire.transports import loops
+from inferwire._runtime import loops
+from inferwire.cli import main as cli
+from inferwire.load import alarm, openloop
+from inferwire.load.metrics import Recorder, RequestRecord, Slo, Window
+from inferwire.transports import server_process
 from inferwire.workloads import token_stream_source
 from tests.fault_helpers import thread_server
 

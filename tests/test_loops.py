@@ -1,4 +1,4 @@
-"""The event loop choice (:mod:`inferwire.transports.loops`): what each name resolves to, the
+"""The event loop choice (:mod:`inferwire._runtime.loops`): what each name resolves to, the
 loop that then runs, and the message when uvloop is asked for but not installed.
 
 uvloop comes with the dev install (through the bench extra); its absence is simulated by
@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from inferwire.transports import loops
-from inferwire.transports.arguments import add_loop_argument
-from inferwire.transports.extras import MissingExtraError
+from inferwire._runtime import loops
+from inferwire._runtime.arguments import add_loop_argument
+from inferwire._runtime.extras import MissingExtraError
 
 uvloop = pytest.importorskip("uvloop")
 

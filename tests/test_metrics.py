@@ -31,7 +31,7 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.transports import loops
+from inferwire._runtime import loops
 from tests.metrics_helpers import Scrape, delta, scrape, settled
 
 T = TypeVar("T")

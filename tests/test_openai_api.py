@@ -23,7 +23,7 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.transports import loops
+from inferwire._runtime import loops
 from inferwire.transports.openai_api import ApiError, chat_request_body, parse_request
 from inferwire.workloads import MODEL, token_stream_source
 from tests.fault_helpers import MESSAGES, ServerProcess, server_process, serving

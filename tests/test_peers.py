@@ -15,8 +15,9 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.bench.procs import peer_servers, server_process
+from inferwire.bench.procs import peer_servers
 from inferwire.bench.report import peers as peers_report
+from inferwire.transports import server_process
 from inferwire.transports.openai_api import chat_request_body
 from inferwire.workloads import MODEL, token_stream_source
 from tests.fault_helpers import MESSAGES

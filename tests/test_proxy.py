@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from inferwire.transports import loops
+from inferwire._runtime import loops
 from inferwire.transports.proxy import DelayProxy
 
 

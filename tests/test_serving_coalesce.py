@@ -12,8 +12,8 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.serving as iws
+from inferwire._runtime import loops
 from inferwire.serving.coalesce import Ready
-from inferwire.transports import loops
 
 
 async def _source(pattern: list[int], log: list[str]) -> AsyncIterator[int]:

@@ -22,11 +22,11 @@ from typing import Any, Final
 import pytest
 
 import inferwire.transports as it
-from inferwire.bench.procs import server_process
-from inferwire.bench.runner.cli import main as cli
-from inferwire.bench.traces import otlp_json
-from inferwire.bench.traces.collector import Collector
-from inferwire.bench.traces.otlp_json import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, Span
+from inferwire.cli.main import main as cli
+from inferwire.observe.traces import otlp_json
+from inferwire.observe.traces.collector import Collector
+from inferwire.observe.traces.otlp_json import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, Span
+from inferwire.transports import server_process
 from inferwire.transports.tracing import (
     CLIENT_SERVICE,
     CLIENT_STAGES,
@@ -307,7 +307,7 @@ atexit.register(lambda: print(
     "opentelemetry imported:", any(m.split(".")[0] == "opentelemetry" for m in sys.modules),
     flush=True,
 ))
-from inferwire.bench.runner.cli import main
+from inferwire.cli.main import main
 sys.exit(main())
 """
 

@@ -40,8 +40,8 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire import workloads
+from inferwire._runtime import loops
 from inferwire.codecs.delta_codec import DELTA_V2, SUBJECT, DeltaCodec, default_registry
-from inferwire.transports import loops
 from inferwire.transports.grpc_transport import GrpcClient
 from inferwire.transports.http1 import Http1Client
 from inferwire.transports.openai_api import chat_request_body

@@ -30,7 +30,7 @@ from typing import Any, Final, TypeVar
 
 import pytest
 
-from inferwire.bench.watch import dashboard, prometheus_config, rules
+from inferwire.observe.watch import dashboard, prometheus_config, rules
 
 PROMETHEUS: Final = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(
@@ -60,7 +60,7 @@ def _free_port() -> int:
 
 
 def _inferwire(*args: str) -> list[str]:
-    return [sys.executable, "-m", "inferwire.bench.runner.cli", *args]
+    return [sys.executable, "-m", "inferwire.cli.main", *args]
 
 
 def _until(what: str, check: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:

@@ -12,8 +12,8 @@ from typing import Final
 
 import pytest
 
-from inferwire.bench.runner import cli
-from inferwire.bench.watch import command, dashboard, queries, rules
+from inferwire.cli import main as cli
+from inferwire.observe.watch import command, dashboard, queries, rules
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 OBSERVE: Final = ROOT / "observe"
@@ -151,7 +151,7 @@ def test_the_dashboard_reads_only_the_exported_metrics() -> None:
     (a renamed metric breaks this, not the dashboard silently)."""
     import re
 
-    from inferwire.bench.loadgen.live_metrics import LiveMetrics
+    from inferwire.load.live_metrics import LiveMetrics
     from inferwire.transports.metrics import ServerMetrics
 
     exported = set()

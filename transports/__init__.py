@@ -18,6 +18,7 @@ import importlib
 from typing import Any, Final
 
 import inferwire.codecs as ic
+from inferwire._runtime.extras import MissingExtraError, needs_extras
 
 from .base import Client, Server
 from .common import DEFAULT_LIMITS, DEFAULT_MAX_MESSAGE_BYTES, Limits, split_address
@@ -32,7 +33,6 @@ from .errors import (
     TransportError,
     TransportTimeoutError,
 )
-from .extras import MissingExtraError, needs_extras
 from .service import GenerateRequest, SimulatedService, Source, TokenStream
 from .timing import StreamTiming
 from .tls import ClientTls, ServerTls, make_test_certificates

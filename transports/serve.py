@@ -33,11 +33,8 @@ from typing import TYPE_CHECKING, Final
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire import workloads
-from inferwire.codecs.delta_codec import default_registry
-from inferwire.workloads import token_stream_source
-
-from . import loops
-from .arguments import (
+from inferwire._runtime import loops
+from inferwire._runtime.arguments import (
     CommandError,
     Commands,
     Parser,
@@ -57,7 +54,10 @@ from .arguments import (
     run,
     split_checked,
 )
-from .extras import needs_extras
+from inferwire._runtime.extras import needs_extras
+from inferwire.codecs.delta_codec import default_registry
+from inferwire.workloads import token_stream_source
+
 from .proxy import DelayProxy
 from .tracing import SERVER_SERVICE, Tracer
 

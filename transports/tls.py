@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .extras import needs_extras
+from inferwire._runtime.extras import needs_extras
 
 LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
 

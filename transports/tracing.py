@@ -57,7 +57,7 @@ encode where three strings cost 90 us): on the server,
 span's start) and ``inferwire.chunk.parse_ns``. ``inferwire trace report`` joins the two by
 trace id and chunk index: per token, compute (the previous chunk written to this one
 produced), server serialize, write, network (written to received) and client parse
-(:mod:`inferwire.bench.traces.stages`).
+(:mod:`inferwire.observe.traces.stages`).
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ import time
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from .extras import needs_extras
+from inferwire._runtime.extras import needs_extras
+
 from .timing import ServerStamps, StreamTiming, now_ns
 
 if TYPE_CHECKING:

@@ -12,16 +12,16 @@ from typing import Any, Final
 import numpy as np
 import psutil  # type: ignore[import-untyped, unused-ignore]
 
-from inferwire.bench.loadgen import metrics, openloop
+from inferwire._runtime import loops
 from inferwire.bench.measure.engine_runs import RequestShape, generate_request
-from inferwire.bench.procs import engine_stack, server_process
-from inferwire.transports import loops
+from inferwire.bench.procs import engine_stack
+from inferwire.load import metrics, openloop
 
 WARM_REQUESTS: Final = 8
 
 
 def stack_loop() -> str:
-    return server_process.requested_loop()
+    return loops.requested_loop()
 
 
 def point_figures(point: dict[str, Any]) -> dict[str, Any]:

@@ -23,9 +23,9 @@ import numpy as np
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire import engine
-from inferwire.bench.loadgen.arrivals import Arrival, arrival_offsets_ns
 from inferwire.engine import steps as steps_module
 from inferwire.engine.hop_codecs import hop_codec
+from inferwire.load.arrivals import Arrival, arrival_offsets_ns
 from inferwire.workloads import token_stream_source
 
 WORKLOAD: Final = "stream-256"

@@ -16,7 +16,7 @@ import httpx
 
 import inferwire.codecs as ic
 import inferwire.serving as iws
-from inferwire.bench.procs import server_process
+from inferwire.bench.procs import placement
 from inferwire.serving import httpx as iws_httpx
 
 BASELINE: Final = "pydantic"
@@ -116,7 +116,7 @@ async def one_round(server: Server, path: Path, streams: int, concurrency: int) 
                 remaining -= 1
                 await _one(client, path, result, server.expected)
 
-        clock = server_process.cpu_clock(server.pid)
+        clock = placement.cpu_clock(server.pid)
         start_cpu, start = time.clock_gettime_ns(clock), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(min(concurrency, streams))))
         result.wall_s = time.perf_counter() - start

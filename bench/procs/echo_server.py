@@ -13,7 +13,7 @@ on top would be part of what the floor excludes.
 
 prints ``listening on HOST:PORT loop=KIND`` first, like ``inferwire serve``, and stops on
 SIGTERM or SIGINT. :func:`echo` is the
-:class:`~inferwire.bench.procs.server_process.ServerProcess` for one.
+:class:`~inferwire.transports.server_process.ServerProcess` for one.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ import sys
 from collections.abc import Sequence
 from typing import cast
 
-from inferwire.transports import loops
-
-from . import server_process
+from inferwire._runtime import loops
+from inferwire.transports import server_process
 
 
 def _stream_transport(transport: asyncio.BaseTransport) -> asyncio.Transport:
@@ -148,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def echo(request_bytes: int, response_bytes: int, *options: str) -> server_process.ServerProcess:
     """An echo server (not started; use ``with``) on the run's loop unless ``options`` name
-    one, as :func:`~inferwire.bench.procs.server_process.serve` is one of ours."""
+    one, as :func:`~inferwire.transports.server_process.serve` is one of ours."""
     process = server_process.ServerProcess()
     process.args = [
         sys.executable,
@@ -158,7 +157,7 @@ def echo(request_bytes: int, response_bytes: int, *options: str) -> server_proce
         str(request_bytes),
         "--response-bytes",
         str(response_bytes),
-        *server_process.with_loop(options),
+        *loops.with_loop(options),
     ]
     return process
 

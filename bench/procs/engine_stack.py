@@ -31,10 +31,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from inferwire.bench.procs import server_process
 from inferwire.codecs import TokenChunk
 from inferwire.engine.launch import EngineProcess
-from inferwire.transports import engine_service
+from inferwire.transports import engine_service, server_process
 from inferwire.transports.service import MAX_BATCH_CHUNKS, TokenStream
 
 COUNTERS_TIMEOUT_S: Final = 10.0

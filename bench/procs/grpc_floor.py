@@ -16,7 +16,7 @@ codec's message encoder and nothing else: beside the floor, the codec's own shar
 It runs on the loop and the API our server runs on (``grpc.aio``; uvloop when installed, as
 ``inferwire serve``'s ``--loop auto``), with the same channel options, and announces itself as
 ``inferwire serve`` does (``listening on HOST:PORT loop=...``), so
-:class:`~inferwire.bench.procs.server_process.ServerProcess` starts and pins it like ours.
+:class:`~inferwire.transports.server_process.ServerProcess` starts and pins it like ours.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import grpc
 import grpc.aio
 
 import inferwire.codecs as ic
-from inferwire.transports import DEFAULT_MAX_MESSAGE_BYTES, loops
+from inferwire._runtime import loops
+from inferwire.transports import DEFAULT_MAX_MESSAGE_BYTES
 from inferwire.transports.service import MAX_BATCH_CHUNKS
 from inferwire.workloads import token_stream_source
 

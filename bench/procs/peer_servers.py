@@ -20,7 +20,7 @@ only the HTTP stack differs. It runs as users deploy it:
 
 ``--loop`` (default: ``auto``, uvloop when installed) picks the loop, so the peers run on the
 same loop as the inferwire server they are compared with
-(:func:`~inferwire.bench.procs.server_process.requested_loop`); the announcement names it.
+(:func:`~inferwire.bench.procs.loops.requested_loop`); the announcement names it.
 
 Response headers are the stacks' own defaults (``date``, ``server``, Starlette's
 ``; charset=utf-8`` on ``text/*``): what a user of them sends.
@@ -29,7 +29,7 @@ Response headers are the stacks' own defaults (``date``, ``server``, Starlette's
     python -m inferwire.bench.procs.peer_servers --server hypercorn --codec orjson --port 0 --http2
 
 print ``listening on HOST:PORT loop=KIND`` first, like ``inferwire serve``, and stop on SIGTERM
-or SIGINT. :func:`peer` is the :class:`~inferwire.bench.procs.server_process.ServerProcess` for one.
+or SIGINT. :func:`peer` is the :class:`~inferwire.transports.server_process.ServerProcess` for one.
 """
 
 from __future__ import annotations
@@ -47,12 +47,11 @@ import orjson
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.transports import loops
+from inferwire._runtime import loops
+from inferwire.transports import server_process
 from inferwire.transports.common import error_body
 from inferwire.transports.openai_api import ApiError, parse_request
 from inferwire.workloads import token_stream_source
-
-from . import server_process
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -240,7 +239,7 @@ def peer(server: str, codec: str = "orjson", *options: str) -> server_process.Se
         server,
         "--codec",
         codec,
-        *server_process.with_loop(options),
+        *loops.with_loop(options),
     ]
     return process
 

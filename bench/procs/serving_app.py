@@ -45,12 +45,13 @@ from fastapi.responses import Response, StreamingResponse
 
 import inferwire.codecs as ic
 import inferwire.serving as iws
+from inferwire._runtime import loops
 from inferwire.serving import starlette as iws_starlette
 from inferwire.serving.stream import COALESCE
-from inferwire.transports import loops
+from inferwire.transports import server_process
 from inferwire.workloads import MODEL, token_stream_source
 
-from . import server_process, vllm_protocol
+from . import vllm_protocol
 
 WORKLOAD: Final = "stream-256"
 HELPER_CODECS: Final = ("orjson", "msgspec-json", "delta")
@@ -207,7 +208,7 @@ def serving_app(*options: str) -> server_process.ServerProcess:
         sys.executable,
         "-m",
         "inferwire.bench.procs.serving_app",
-        *server_process.with_loop(options),
+        *loops.with_loop(options),
     ]
     return process
 

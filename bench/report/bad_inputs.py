@@ -1,4 +1,4 @@
-"""The report's bad-input table: the rows of :mod:`inferwire.bench.loadgen.bad_inputs`, as
+"""The report's bad-input table: the rows of :mod:`inferwire.load.bad_inputs`, as
 recorded in ``raw/faults.json``, summed per codec and kind of input."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inferwire.bench.loadgen.fault_plan import (
+from inferwire.load.fault_plan import (
     DECODE_MS,
     DOWN_S,
     DROP_EVERY_S,

@@ -1,6 +1,6 @@
 """``results/load-agreement.md`` from ``results/raw/load-agreement.json``: ``inferwire load``
 and guidellm on the same server and schedule (the run of
-:mod:`inferwire.bench.loadgen.guidellm_compare`). Every figure is read or computed from the
+:mod:`inferwire.load.guidellm_compare`). Every figure is read or computed from the
 raw file; nothing is typed in.
 
 The two clocks start at different moments. ``inferwire load`` times each request from its

@@ -1,0 +1,1 @@
+"""The ``inferwire`` command: every subcommand's arguments, each calling its layer."""

@@ -1,0 +1,5 @@
+import sys
+
+from inferwire.cli.main import main
+
+sys.exit(main())
