@@ -5,7 +5,7 @@
 back: a value (``decoded``), a ``DecodeError``, or anything else (``other``: a foreign
 exception escaped the codec; expected 0), and the slowest single decode (of a cropped or
 shortened payload where the inputs are made from one, so not always the full payload's).
-tests/test_codec_fuzz.py is the exhaustive, hypothesis-driven counterpart.
+tests/codecs/test_codec_fuzz.py is the exhaustive, hypothesis-driven counterpart.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Why by hand: the files are a few nested mappings of strings and numbers, and every string is
 written as a JSON string, which is also a valid YAML double-quoted scalar (YAML 1.2 is a
 superset of JSON), so no quoting rule of YAML's can bite; a YAML library would be a dependency
-for twenty lines. promtool checks what this writes (tests/test_watch_rules.py)."""
+for twenty lines. promtool checks what this writes (tests/observe/test_watch_rules.py)."""
 
 from __future__ import annotations
 
