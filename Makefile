@@ -123,3 +123,4 @@ compare-guidellm: $(STAMP) $(GUIDELLM_STAMP)
 	$(BIN)/python -m inferwire.load.local_tokenizer $(GUIDELLM_VENV)/tokenizer
 	$(BIN)/python -m inferwire.load.guidellm_compare \
 		--guidellm $(GUIDELLM_VENV)/bin/guidellm --tokenizer $(GUIDELLM_VENV)/tokenizer
+	$(BIN)/python -m inferwire.bench.report.load_agreement

@@ -21,7 +21,6 @@ from typing import Any, Final, NoReturn, TypeAlias
 
 from inferwire._runtime import loops
 from inferwire._runtime.extras import MissingExtraError
-from inferwire.transports.common import split_address
 
 USAGE_ERROR: Final = 2
 
@@ -89,6 +88,20 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
 
 
 # -- type= validators: each returns the value or raises ArgumentTypeError with the reason ------
+
+
+def split_address(address: str, default_port: int = 0) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or a URL's authority into (host, port)."""
+    if "://" in address:
+        address = address.split("://", 1)[1].split("/", 1)[0]
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        port = rest.lstrip(":")
+        return host, int(port) if port else default_port
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        return address, default_port
+    return host, int(port)
 
 
 def port(text: str) -> int:

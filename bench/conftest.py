@@ -26,7 +26,7 @@ import pytest
 
 from inferwire._runtime.loops import LOOP_ENV, requested_loop
 from inferwire.bench.measure.calibration import Calibration
-from inferwire.bench.measure.versions import CORE_LIBRARIES, library_versions
+from inferwire._runtime.versions import CORE_LIBRARIES, library_versions
 
 LIBRARIES = (*CORE_LIBRARIES, "pytest-benchmark", "uvloop")
 

@@ -24,7 +24,7 @@ import orjson
 from inferwire._runtime.arguments import CommandError
 from inferwire.transports import TransportError
 
-from . import endpoints, openloop
+from . import endpoints, openloop, targets
 from .api_streams import ApiStreamCheck, TokenCounter
 from .endpoints import APIS, ApiTarget, Endpoint
 from .metrics import Histogram
@@ -160,7 +160,7 @@ class ApiSweep:
     async def open(self) -> ApiTarget:
         """The target, on the running loop (grpc.aio binds a channel to it), and what the
         server says it serves."""
-        self._target = endpoints.open_api_target(self.endpoint)
+        self._target = targets.open_api_target(self.endpoint)
         try:
             self.description = await self._target.describe()
         except TransportError as exc:

@@ -200,16 +200,6 @@ class GenerateTarget(_HttpTarget):
         )
 
 
-def open_api_target(endpoint: Endpoint) -> ApiTarget:
-    if endpoint.api.startswith("openai"):
-        return OpenAITarget(endpoint)
-    if endpoint.api == "kserve-v2-http":
-        return GenerateTarget(endpoint)
-    from .kserve_grpc_target import KServeGrpcTarget  # grpcio only when used
-
-    return KServeGrpcTarget(endpoint)
-
-
 def parse_headers(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """``Name: value`` strings as header pairs; raises ValueError for one that is not."""
     out = []

@@ -343,7 +343,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--guidellm", type=Path, required=True, help="guidellm's executable")
     parser.add_argument("--tokenizer", type=Path, required=True, help="the local tokenizer DIR")
     parser.add_argument("--raw", type=Path, default=Path("results/raw/load-agreement.json"))
-    parser.add_argument("--page", type=Path, default=Path("results/load-agreement.md"))
     defaults = CompareSpec()
     parser.add_argument("--rate", type=float, default=defaults.rate_rps)
     parser.add_argument("--duration", type=float, default=defaults.duration_s)
@@ -368,8 +367,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         output_tokens=args.output_tokens,
         seed=args.seed,
     )
-    from inferwire.bench.report import load_agreement  # the page reads the raw file only
-
     # kept after the run: each tool's own full output and log, for a look behind the page
     work = Path(tempfile.mkdtemp(prefix="inferwire-guidellm-"))
     print(f"each tool's output and log: {work}", flush=True)
@@ -380,9 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     args.raw.parent.mkdir(parents=True, exist_ok=True)
     args.raw.write_text(json.dumps(raw, indent=None, allow_nan=False) + "\n")
+    # the page (results/load-agreement.md) is the bench report's, made from this file:
+    # python -m inferwire.bench.report.load_agreement (make compare-guidellm runs it)
     print(f"wrote {args.raw}")
-    args.page.write_text(load_agreement.page(args.raw))
-    print(f"wrote {args.page}")
     return 0
 
 

@@ -27,7 +27,7 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped, unused-ignore]
 
 import inferwire.codecs as ic
-from inferwire.bench.measure.versions import CORE_LIBRARIES, library_versions
+from inferwire._runtime.versions import CORE_LIBRARIES, library_versions
 from inferwire.codecs.integrity import AlteredStreamError
 from inferwire.transports import StreamTruncatedError, TransportError
 

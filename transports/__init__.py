@@ -18,10 +18,11 @@ import importlib
 from typing import Any, Final
 
 import inferwire.codecs as ic
+from inferwire._runtime.arguments import split_address
 from inferwire._runtime.extras import MissingExtraError, needs_extras
 
 from .base import Client, Server
-from .common import DEFAULT_LIMITS, DEFAULT_MAX_MESSAGE_BYTES, Limits, split_address
+from .common import DEFAULT_LIMITS, DEFAULT_MAX_MESSAGE_BYTES, Limits
 from .errors import (
     BadRequestError,
     CancelledByPeerError,

@@ -155,17 +155,3 @@ async def aiter_close(iterator: AsyncIterator[Any]) -> None:
     if aclose is not None:
         with contextlib.suppress(Exception):
             await aclose()
-
-
-def split_address(address: str, default_port: int = 0) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or a URL's authority into (host, port)."""
-    if "://" in address:
-        address = address.split("://", 1)[1].split("/", 1)[0]
-    if address.startswith("["):
-        host, _, rest = address[1:].partition("]")
-        port = rest.lstrip(":")
-        return host, int(port) if port else default_port
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        return address, default_port
-    return host, int(port)

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Final
 
 from inferwire._runtime import arguments
-from inferwire._runtime.arguments import CommandError, Commands
+from inferwire._runtime.arguments import CommandError, Commands, split_address
 from inferwire._runtime.extras import needs_extras
-from inferwire.transports.common import split_address
 
 from . import otlp_json, stages
 

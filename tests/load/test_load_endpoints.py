@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from inferwire.cli import main as cli
-from inferwire.load import api_streams, endpoints, openloop
+from inferwire.load import api_streams, endpoints, openloop, targets
 from inferwire.load.api_streams import (
     ApiChunk,
     ApiStreamCheck,
@@ -247,7 +247,7 @@ def _point(
 ) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         endpoint = endpoints.Endpoint(url=url, api=api, model=model, **kw)
-        target = endpoints.open_api_target(endpoint)
+        target = targets.open_api_target(endpoint)
         try:
             await target.describe()
             needs = target.needs_finish

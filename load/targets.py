@@ -1,0 +1,17 @@
+"""The target for an endpoint's API: the HTTP ones from :mod:`.endpoints`, KServe v2 over gRPC
+from :mod:`.kserve_grpc_target` (which builds on :mod:`.endpoints`, so the choice lives here, above
+both, and grpcio is imported only when that API is asked for)."""
+
+from __future__ import annotations
+
+from .endpoints import ApiTarget, Endpoint, GenerateTarget, OpenAITarget
+
+
+def open_api_target(endpoint: Endpoint) -> ApiTarget:
+    if endpoint.api.startswith("openai"):
+        return OpenAITarget(endpoint)
+    if endpoint.api == "kserve-v2-http":
+        return GenerateTarget(endpoint)
+    from .kserve_grpc_target import KServeGrpcTarget
+
+    return KServeGrpcTarget(endpoint)
