@@ -86,7 +86,14 @@ sysdeps:
 		fi; \
 	fi
 
-test: sysdeps lint typecheck unit benchcheck
+# The wheel a user installs: the sdist built from the checkout, the wheel from the sdist,
+# installed into a fresh venv (base dependencies, then the bench extra) and tried from outside
+# the checkout; it must hold every file of the tree (.ci/wheel_check.py says what it checks).
+.PHONY: wheelcheck
+wheelcheck: $(STAMP)
+	$(BIN)/python .ci/wheel_check.py
+
+test: sysdeps lint typecheck wheelcheck unit benchcheck
 
 # The main job: the standard benchmark matrix, written to results/. Three repeats of every
 # timing suite, each in a fresh process (medians and their spread are published, and each
