@@ -17,9 +17,8 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final, NoReturn, TypeAlias
+from typing import Any, Final, NoReturn, Protocol, TypeAlias
 
-from inferwire._runtime import loops
 from inferwire._runtime.extras import MissingExtraError
 
 USAGE_ERROR: Final = 2
@@ -245,6 +244,8 @@ def split_checked(address: str) -> tuple[str, int]:
 
 def add_loop_argument(parser: argparse.ArgumentParser) -> None:
     """``--loop {auto,asyncio,uvloop}`` (:mod:`inferwire._runtime.loops`)."""
+    from inferwire._runtime import loops  # here: loops imports asyncio, which the engine needs not
+
     parser.add_argument(
         "--loop",
         choices=loops.LOOPS,
@@ -269,7 +270,17 @@ def add_trace_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def check_trace_arguments(args: argparse.Namespace) -> None:
+class TraceOptions(Protocol):
+    """What :func:`check_trace_arguments` reads: a Namespace, or a command's options."""
+
+    @property
+    def trace(self) -> bool: ...
+
+    @property
+    def trace_endpoint(self) -> str | None: ...
+
+
+def check_trace_arguments(args: TraceOptions) -> None:
     if args.trace_endpoint is not None and not args.trace:
         raise CommandError("--trace-endpoint is for --trace, which is not given")
     if args.trace_endpoint is not None and not args.trace_endpoint.startswith(

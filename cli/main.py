@@ -1,307 +1,52 @@
-"""The ``inferwire`` command: ``bench`` and ``report`` here, ``serve`` and ``proxy`` from
-:mod:`inferwire.transports.serve`, ``engine`` from :mod:`inferwire.engine.process`, ``load``
-from :mod:`inferwire.load.load_command`.
+"""The ``inferwire`` command: every subcommand's options are in one module of this package
+(:mod:`.bench`: ``bench``, ``report``; :mod:`.serve`: ``serve``, ``proxy``; :mod:`.engine`;
+:mod:`.watch`; :mod:`.load`: ``load``, ``load-report``; :mod:`.trace`), each calling its
+layer's function.
 
 Ordinary mistakes are one line on stderr and exit status 2 (:mod:`inferwire._runtime.arguments`).
 On a base install (no extras) ``--help`` works, and a subcommand whose libraries are missing
 says which extra installs them.
+
+A subcommand's module is imported only when it is needed: ``inferwire serve ...`` imports
+the server's and nothing of the load generator's or the bench's, so a server that a
+benchmark starts as a child (``python -m inferwire.cli serve``) starts as fast as one started
+from its own module.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import subprocess
+import importlib
 import sys
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Final
 
-import inferwire.codecs as ic
-import inferwire.transports as it
-from inferwire import bench as bench_package
-from inferwire import workloads
-from inferwire._runtime import extras, loops
-from inferwire._runtime.arguments import (
-    CommandError,
-    Commands,
-    Parser,
-    add_loop_argument,
-    positive,
-    run,
-)
-from inferwire._runtime.loops import LOOP_ENV
-from inferwire.bench.report import results
-from inferwire.bench.report.engine import ENGINE_RAW
-from inferwire.bench.report.instructions import INSTRUCTIONS_RAW
-from inferwire.bench.runner import merge
-from inferwire.observe.traces import command as trace_command
-from inferwire.observe.watch import command as watch_command
-from inferwire.transports import serve
+from inferwire._runtime import extras
+from inferwire._runtime.arguments import Commands, Parser, run
 
 DESCRIPTION: Final = """\
 How much of your inference latency is serialization and transport: benchmarks of codecs and
 transports for AI serving, and the servers, proxy and load generator they use."""
 
-BENCH_DESCRIPTION: Final = """\
-Runs the standard benchmark matrix (the pytest-benchmark suites bench_*.py: codecs, transports,
-connections, stages, load, peers, serving, faults, instructions, engine), each --repeat times
-in a fresh process (the faults suite once: its figures are counts, not timings; the
-instruction counts under callgrind once: they are the same in every process; the engine suite
-once: its virtual-clock figures are the same in every process, and its real-stack points
-interleave their own trials), writes each suite's results
-to OUT/raw/ (the median over repeats; every repeat under OUT/raw/repeats/N/) and the tables to
-OUT/README.md. Every suite times calibration workloads at its start, middle and end and reads
-the machine's CPU counters: a run in which they moved, or other processes or CPU steal took
-their share of the machine, is unstable, and is not published over a stable run unless --force
-is given (exit status 3; the run is kept in OUT/raw-unstable/). If any suite fails, nothing is
-written. Every timed run is also saved by pytest-benchmark under ./.benchmarks/ of the working
-directory."""
-
-STAGING: Final = "raw-staging"
-"""Under OUT: the run being made, moved into raw/ once every suite and repeat has passed."""
-UNSTABLE_DIR: Final = "raw-unstable"
-"""Under OUT: an unstable run that was not published over a stable one."""
-REPEATS_DIR: Final = results.REPEATS_DIR
-UNSTABLE_EXIT: Final = 3
-
-SUITES_DIR = Path(bench_package.__file__).resolve().parent
-"""bench/, where the suites are."""
-SUITES = (
-    # (suite, its raw file, repeated): a suite that is not repeated runs in the first repeat
-    # only, because repeating it measures nothing new: the faults suite's figures are counts of
-    # what each fault did to requests (no timing is compared), and instruction counts are the
-    # same in every process by construction
-    ("bench_codecs.py", results.CODECS_RAW, True),
-    ("bench_transports.py", results.TRANSPORTS_RAW, True),
-    ("bench_grpc.py", results.GRPC_RAW, True),
-    ("bench_connections.py", results.CONNECTIONS_RAW, True),
-    ("bench_stages.py", results.STAGES_RAW, True),
-    ("bench_load.py", results.LOAD_RAW, True),
-    ("bench_peers.py", results.PEERS_RAW, True),
-    ("bench_serving.py", results.SERVING_RAW, True),
-    ("bench_faults.py", results.FAULTS_RAW, False),
-    ("bench_instructions.py", INSTRUCTIONS_RAW, False),
-    # the engine's virtual clock is deterministic (the same figures in every process), and its
-    # real-stack points run their trials interleaved within the one run
-    ("bench_engine.py", ENGINE_RAW, False),
+GROUPS: Final = (
+    # (module of inferwire.cli, its subcommands, what it needs when the base install has not
+    # all of it: what the missing-extra message names, the summary its stub shows, the extra
+    # that installs it), in --help's order
+    ("bench", ("bench", "report"), None),
+    ("serve", ("serve", "proxy"), None),
+    ("engine", ("engine",), ("the engine", "the simulated engine behind ZeroMQ", "engine")),
+    ("watch", ("watch",), None),
+    (
+        "load",
+        ("load", "load-report"),
+        ("the load generator", "open-loop load against one server", "bench"),
+    ),
+    ("trace", ("trace",), None),
 )
 
 
-def _suite_command(suite: str, json_path: Path, args: argparse.Namespace) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        str(SUITES_DIR / suite),
-        "-p",
-        "no:cacheprovider",
-        # the hypothesis plugin (installed with the dev extra) costs seconds of imports per
-        # suite process and no benchmark uses it
-        "-p",
-        "no:hypothesispytest",
-        "-q",
-        "--import-mode=importlib",
-        # the suites' naming, so an installed (non-checkout) copy collects them too
-        "-o",
-        "python_files=bench_*.py",
-        "-o",
-        "python_functions=bench_*",
-        # benchmarks kept for `pytest bench/ --benchmark-compare` whose figures the report
-        # takes from an interleaved benchmark of the same suite instead
-        "-m",
-        "not standalone",
-        f"--benchmark-json={json_path}",
-        "--benchmark-warmup=on",
-        f"--benchmark-max-time={args.max_time}",
-        "--benchmark-min-rounds=5",
-        "--benchmark-columns=median,iqr,rounds",
-        "--benchmark-sort=name",
-        # a -k that selects nothing in one suite is not an error (exit 5 is handled below)
-        "-W",
-        "ignore:Not saving anything:pytest_benchmark.logger.PytestBenchmarkWarning",
-    ]
-    if args.filter:
-        command += ["-k", args.filter]
-    return command
-
-
-def _bench(args: argparse.Namespace) -> int:
-    # the suites run in another process: find a missing library before starting it
-    extras.require("bench", "inferwire bench")
-    loops.resolve(args.loop)  # uvloop asked for and missing: said before any suite runs
-    from inferwire.bench.report import readme
-
-    out: Path = args.out
-    raw = out / "raw"
-    staging = out / STAGING
-    try:
-        raw.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-    except OSError as exc:
-        raise CommandError(f"cannot write results to {out}: {exc.strerror or exc}") from None
-    started = datetime.now(UTC).isoformat()
-    ran: dict[str, list[Path]] = {}
-    # repeats outermost: each suite's repeats are spread over the whole session, so a slow
-    # spell of the machine lands in one repeat of several suites, not in every repeat of one
-    for repeat in range(1, args.repeat + 1):
-        for suite, raw_name, repeated in SUITES:
-            if repeat > 1 and (raw_name not in ran or not repeated):
-                continue  # nothing matched -k in the first repeat, or once is enough
-            path = staging / REPEATS_DIR / str(repeat) / raw_name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            label = f"{suite} (repeat {repeat} of {args.repeat})" if args.repeat > 1 else suite
-            print(f"running {label}", flush=True)
-            # in the caller's working directory, so pytest-benchmark's storage (./.benchmarks)
-            # and the commit it names a saved run by are theirs, never the installed package's;
-            # the project's pytest settings still apply from a checkout (pytest finds them from
-            # the suite's path)
-            completed = subprocess.run(
-                _suite_command(suite, path, args),
-                check=False,
-                env={**os.environ, LOOP_ENV: args.loop},  # every suite, server and client
-            )
-            if completed.returncode == 5 and args.filter:
-                print(f"{suite}: nothing matches -k {args.filter!r}; its results are kept")
-                continue
-            if completed.returncode != 0:
-                shutil.rmtree(staging, ignore_errors=True)
-                print(
-                    f"benchmark run {label} failed (exit {completed.returncode}); "
-                    "no results written",
-                    file=sys.stderr,
-                )
-                return completed.returncode
-            _trim(path)
-            ran.setdefault(raw_name, []).append(path)
-    if not ran:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise CommandError(f"no benchmark matches -k {args.filter!r}")
-    merged = {
-        name: merge.merge([json.loads(p.read_text()) for p in paths]) for name, paths in ran.items()
-    }
-    run_info = {
-        "started": started,
-        "finished": datetime.now(UTC).isoformat(),
-        "repeats": args.repeat,
-        "max_time_s": args.max_time,
-        "filter": args.filter,
-        "suites": sorted(ran),
-        "stable": all(merge.stable(m) for m in merged.values()),
-        "unstable": {
-            n: merge.unstable_reasons(m) for n, m in merged.items() if not merge.stable(m)
-        },
-    }
-    for name, result in merged.items():
-        result["run"] = run_info
-        (staging / name).write_text(json.dumps(result, indent=1))
-    refused = _refusal(raw, merged, args.force)
-    if refused:
-        kept = out / UNSTABLE_DIR
-        shutil.rmtree(kept, ignore_errors=True)
-        staging.replace(kept)
-        print(refused + f" This run is kept in {kept}; --force publishes it.", file=sys.stderr)
-        return UNSTABLE_EXIT
-    _publish(staging, raw, ran, keep_repeats=args.repeat > 1)
-    if not run_info["stable"]:
-        for name, reasons in run_info["unstable"].items():
-            print(f"{name}: unstable run ({'; '.join(reasons)})", file=sys.stderr)
-    codecs_raw = raw / results.CODECS_RAW
-    if not codecs_raw.is_file():  # a -k that selected no codec benchmark, into a new OUT
-        print(f"published to {raw}; no README.md until {codecs_raw} exists (inferwire report)")
-        return 0
-    written = readme.write(codecs_raw, out)
-    print(f"wrote {written}")
-    return 0
-
-
-def _refusal(raw: Path, merged: dict[str, dict[str, Any]], force: bool) -> str:
-    """Why this run must not replace the published one ("" if it may): an unstable run never
-    overwrites a stable one unless forced."""
-    if force:
-        return ""
-    for name, result in merged.items():
-        published = raw / name
-        if merge.stable(result) or not published.is_file():
-            continue
-        try:
-            old = json.loads(published.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue  # nothing trustworthy to protect
-        if merge.stable(old):
-            reasons = "; ".join(merge.unstable_reasons(result))
-            return (
-                f"not published: this run of {name} was unstable ({reasons}), and the "
-                f"published one in {published} is stable."
-            )
-    return ""
-
-
-def _publish(
-    staging: Path, raw: Path, ran: dict[str, list[Path]], *, keep_repeats: bool = True
-) -> None:
-    """Each suite's merged file to raw/, its repeats to raw/repeats/N/ (an older run's
-    repeats of the same suite removed first, so no stale repeat is read as this run's; a run
-    of one repeat keeps none: its one file is the merged one)."""
-    for old in (raw / REPEATS_DIR).glob("*/*.json"):
-        if old.name in ran:
-            old.unlink()
-    for name, paths in ran.items():
-        for path in paths if keep_repeats else ():
-            target = raw / path.relative_to(staging)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            path.replace(target)
-        (staging / name).replace(raw / name)
-    for empty in sorted((raw / REPEATS_DIR).glob("*"), reverse=True):
-        if empty.is_dir() and not any(empty.iterdir()):
-            empty.rmdir()
-    shutil.rmtree(staging, ignore_errors=True)
-
-
-def _repeats(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of repeats (1 or more)")
-    return value
-
-
-def _trim(raw_path: Path) -> None:
-    """Drop each benchmark's list of every round's time: the statistics stay, and the file
-    shrinks from hundreds of MB to what can be committed."""
-    raw = json.loads(raw_path.read_text())
-    for bench in raw["benchmarks"]:
-        bench["stats"].pop("data", None)
-    raw_path.write_text(json.dumps(raw, indent=1))
-
-
-def _report(args: argparse.Namespace) -> int:
-    from inferwire.bench.report import readme
-
-    codecs_raw = args.out / "raw" / results.CODECS_RAW
-    if not codecs_raw.is_file():
-        raise CommandError(
-            f"no results to report: {codecs_raw} does not exist (inferwire bench writes it)"
-        )
-    try:
-        with extras.needs_extras("plotting the report"):
-            written = readme.write(codecs_raw, args.out)
-    except json.JSONDecodeError as exc:
-        raise CommandError(f"a result file under {codecs_raw.parent} is not JSON: {exc}") from None
-    print(f"wrote {written}")
-    return 0
-
-
 def _unavailable(
-    commands: Commands,
-    name: str,
-    summary: str,
-    missing: extras.MissingExtraError,
+    commands: Commands, name: str, summary: str, missing: extras.MissingExtraError
 ) -> None:
     """``name`` as a subcommand that only says which extra it needs."""
 
@@ -314,84 +59,42 @@ def _unavailable(
     unavailable.set_defaults(run=refuse, any_arguments=True)
 
 
-def build_parser() -> Parser:
-    """The ``inferwire`` command's parser, every subcommand added."""
+def _add_group(commands: Commands, module: str, needs: tuple[str, str, str] | None) -> None:
+    if needs is None:
+        importlib.import_module(f"inferwire.cli.{module}").add_commands(commands)
+        return
+    what, summary, extra = needs
+    try:
+        with extras.needs_extras(what):
+            group = importlib.import_module(f"inferwire.cli.{module}")
+    except extras.MissingExtraError as missing:
+        # the extra of the whole command, not of whichever of its libraries was met first
+        _unavailable(
+            commands, module, summary, extras.MissingExtraError(what, missing.name or "", extra)
+        )
+    else:
+        group.add_commands(commands)
+
+
+def build_parser(command: str | None = None) -> Parser:
+    """The ``inferwire`` command's parser: with ``command`` one of its subcommands, that
+    subcommand's group only (the others' modules are not imported); else every subcommand."""
     parser = Parser(prog="inferwire", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    bench = commands.add_parser(
-        "bench",
-        help="run the benchmark matrix and write results/",
-        description=BENCH_DESCRIPTION,
-        epilog=(
-            "Names for -k: codecs "
-            + ", ".join(ic.names())
-            + "; transports "
-            + ", ".join(it.TRANSPORTS)
-            + "; workloads "
-            + ", ".join(workloads.names())
-            + "."
-        ),
-    )
-    bench.add_argument("--out", type=Path, default=Path("results"), help="results directory")
-    bench.add_argument(
-        "--max-time",
-        type=positive,
-        default=0.3,
-        help="seconds of rounds per benchmark (pytest-benchmark's --benchmark-max-time)",
-    )
-    bench.add_argument(
-        "--repeat",
-        type=_repeats,
-        default=1,
-        metavar="N",
-        help="run every suite N times, each in a fresh process, and publish the median over "
-        "the repeats with their spread (default 1)",
-    )
-    bench.add_argument(
-        "--force",
-        action="store_true",
-        help="publish the run even if it is unstable and the published one is not",
-    )
-    bench.add_argument(
-        "-k",
-        dest="filter",
-        metavar="EXPRESSION",
-        help="only benchmarks whose names match (pytest -k), e.g. 'protobuf and stream-256'",
-    )
-    add_loop_argument(bench)
-    bench.set_defaults(run=_bench)
-
-    rep = commands.add_parser(
-        "report",
-        help="rebuild results/README.md from results/raw/",
-        description="Rebuilds OUT/README.md and its plots from the raw JSON of a run in OUT/raw/.",
-    )
-    rep.add_argument("--out", type=Path, default=Path("results"), help="results directory")
-    rep.set_defaults(run=_report)
-
-    serve.add_commands(commands)
-    try:
-        with extras.needs_extras("the engine"):
-            from inferwire.engine import process as engine_process
-    except extras.MissingExtraError as missing:
-        _unavailable(commands, "engine", "the simulated engine behind ZeroMQ", missing)
-    else:
-        engine_process.add_commands(commands)
-    watch_command.add_commands(commands)
-    try:
-        with extras.needs_extras("the load generator"):
-            from inferwire.load import load_command
-    except extras.MissingExtraError as missing:
-        _unavailable(commands, "load", "open-loop load against one server", missing)
-    else:
-        load_command.add_commands(commands)
-    trace_command.add_commands(commands)
+    groups = [group for group in GROUPS if command in group[1]] or GROUPS
+    for module, _, needs in groups:
+        _add_group(commands, module, needs)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(build_parser(), argv)
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (the top level has no option that takes a value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    return run(build_parser(_command(arguments)), arguments)
 
 
 if __name__ == "__main__":

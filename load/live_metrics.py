@@ -71,7 +71,6 @@ import argparse
 import asyncio
 import contextlib
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Final, TextIO
 
@@ -79,7 +78,7 @@ import numpy as np
 from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
-from inferwire._runtime import arguments
+from inferwire._runtime import arguments, signals
 from inferwire._runtime.arguments import CommandError
 from inferwire.transports.metrics_core import HistogramFamily, MetricSet
 
@@ -261,11 +260,14 @@ def check_metrics_arguments(args: argparse.Namespace) -> None:
 
 @contextlib.contextmanager
 def serving(
-    args: argparse.Namespace, announce: TextIO | None = None
+    args: argparse.Namespace,
+    announce: TextIO | None = None,
+    stop: signals.StopSignal | None = None,
 ) -> Iterator[LiveMetrics | None]:
     """With ``--metrics-port``: a :class:`LiveMetrics` served over HTTP from now on (the line
     ``metrics=HOST:PORT`` on ``announce`` once it listens) until the block ends, ``--metrics-hold``
-    seconds later when it ends without an exception. Without: ``None``."""
+    seconds later when it ends without an exception, unless SIGINT or SIGTERM ends the wait
+    (``stop``: the caller's handler of them, else one of the wait's own). Without: ``None``."""
     if args.metrics_port is None:
         yield None
         return
@@ -284,16 +286,22 @@ def serving(
         )
         yield live
         sys.stdout.flush()  # the run's lines before the wait, even into a pipe
-        hold(args.metrics_hold or 0.0)
+        hold(args.metrics_hold or 0.0, stop)
     finally:
         server.shutdown()
         server.server_close()
         thread.join(STOP_TIMEOUT_S)
 
 
-def hold(seconds: float) -> None:
-    """Wait ``seconds`` (the metrics still served); Ctrl-C ends the wait, not the command."""
+def hold(seconds: float, stop: signals.StopSignal | None = None) -> None:
+    """Wait ``seconds`` (the metrics still served), or until SIGINT or SIGTERM: ``stop``, a
+    handler already installed, or one installed for the wait. The signal ends the wait, not
+    the command."""
     if seconds <= 0:
         return
-    with contextlib.suppress(KeyboardInterrupt):
-        time.sleep(seconds)
+    if stop is not None:
+        stop.wait(seconds)
+        return
+    stop = signals.StopSignal()
+    with signals.handled(stop):
+        stop.wait(seconds)

@@ -1,10 +1,10 @@
-"""The options of ``inferwire load`` and ``inferwire load-report``, and their parsers; what
-they do is :mod:`.load_command`'s."""
+"""The options of ``inferwire load``, added to the parser :mod:`inferwire.cli.load` builds, and
+to the one the split run checks its parts' arguments with (:mod:`.split_run`: the Locust glue
+runs without the CLI, below it); what they do is :mod:`.load_command`'s."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 
 import inferwire.codecs as ic
@@ -15,23 +15,6 @@ from inferwire._runtime import arguments
 from . import api_mode, capacity, live_metrics
 from .openloop import ARRIVALS, DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_DURATION_S, DEFAULT_MAX_IN_FLIGHT
 from .records import RecordsError, records_format
-
-DESCRIPTION = """\
-Open-loop load against one server's token streams. Requests arrive on a schedule drawn before
-the run from a seeded arrival process (Poisson at --rate, gamma, or constant; optionally ramped
-up with --ramp-from/--ramp-s), whatever the server does, and every latency is timed from the
-request's intended send time, so a stall shows in the percentiles of every request that was due
-during it (no coordinated omission). A capacity search (--capacity) finds the highest rate that
-meets the SLOs.
-
-Reports, per point of the --rate x --concurrency sweep: TTFT, TPOT, inter-token latency, E2E
-latency (P50/P90/P99/P99.9 from HDR histograms), request and token throughput, goodput under the
-SLOs given, errors by type, stream integrity, and CPU per 1,000 tokens. Definitions in full:
-python -m pydoc inferwire.load.load_command
-
-With --metrics-port, the client's view (TTFT, ITL and E2E histograms, send lag, errors by kind,
-requests in flight, tokens) is served for Prometheus while the run goes, beside the servers'
-own metrics."""
 
 
 def rates(text: str) -> list[float]:
@@ -290,21 +273,6 @@ def add_metrics_arguments(load: argparse.ArgumentParser) -> None:
         type=arguments.non_negative,
         metavar="S",
         help="with --metrics-port: keep serving S seconds after the run (its outputs written), "
-        "so a scraper sees the final values; Ctrl-C ends the wait (default: 0)",
+        "so a scraper sees the final values; SIGINT (Ctrl-C) or SIGTERM ends the wait "
+        "(default: 0)",
     )
-
-
-def add_report_command(
-    commands: arguments.Commands, run: Callable[[argparse.Namespace], int]
-) -> None:
-    page = commands.add_parser(
-        "load-report",
-        help="rebuild the HTML report of `inferwire load` from its JSON",
-        description="Writes the one-page HTML report (tables, latency CDFs, ITL over time) "
-        "from a JSON report that `inferwire load --out` wrote.",
-    )
-    page.add_argument("report", type=Path, help="the JSON report")
-    page.add_argument(
-        "--html", type=html_path, required=True, metavar="FILE", help="the page to write"
-    )
-    page.set_defaults(run=run)

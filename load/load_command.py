@@ -68,6 +68,13 @@ run goes (:mod:`inferwire.load.live_metrics`: TTFT, ITL, E2E, send lag, errors b
 name, requests in flight, tokens), from before the first request until the run ends, or
 ``--metrics-hold`` seconds after.
 
+SIGINT or SIGTERM (whatever their disposition when it started: a shell's ``cmd &`` ignores
+SIGINT) ends the command cleanly. During ``--metrics-hold`` it ends the wait: the outputs are
+written already, and the exit status is the run's. During the run it stops the point under
+way (its requests cancelled, its figures dropped): the records so far and the report of the
+points that ended are written, with ``"stopped_by": "SIGINT"`` (or ``"SIGTERM"``), and the
+exit status is 128 + the signal's number, as a shell reports a command a signal ended.
+
 One event loop drives everything: uvloop when it is installed, else asyncio's (``--loop``; the
 JSON records the loop that ran, and ``--spawn`` starts the server on the same kind). Neither
 loop's timers can send a request on time to the microsecond (both keep milliseconds), so the
@@ -85,18 +92,18 @@ import json
 import os
 import resource
 import sys
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import inferwire.transports as it
-from inferwire._runtime import arguments, loops
+from inferwire._runtime import arguments, loops, signals
 from inferwire._runtime.arguments import CommandError
 from inferwire.transports import server_process
 from inferwire.transports.tracing import CLIENT_SERVICE, Tracer, default_endpoint
 
-from . import api_mode, capacity, live_metrics, load_arguments, load_outputs, metrics
+from . import api_mode, capacity, live_metrics, load_outputs, metrics
 from .metrics import Slo
 from .openloop import (
     DEFAULT_DURATION_S,
@@ -109,6 +116,8 @@ from .openloop import (
 )
 from .records import RecordWriter
 from .traced import TracedTarget
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -133,8 +142,11 @@ async def _sweep(
     api: api_mode.ApiSweep | None = None,
     records: RecordWriter | None = None,
     live: live_metrics.LiveMetrics | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """The points of the sweep (or of the capacity search), and the search's section."""
+    stopped: asyncio.Event | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bool]:
+    """The points of the sweep (or of the capacity search), the search's section, and whether
+    ``stopped`` was set before the sweep's end: then the warm-up or the point under way is
+    cancelled, and the points that ended are kept."""
     tracer: Tracer | None = None
     if api is None:
         client = open_target(args.transport, address, args.codec)
@@ -153,11 +165,19 @@ async def _sweep(
         first = api.requests(1)[0]
     points: list[dict[str, Any]] = []
     found = None
+    cut = False
     try:
-        try:
+
+        async def warmed() -> bool:
             await warm_up(target, first, args.warmup)
+            return True
+
+        try:
+            warm = await _unless_stopped(stopped, warmed())
         except it.TransportError as exc:
             raise CommandError(f"the warm-up failed, nothing was measured: {exc}") from exc
+        if warm is None:
+            return points, None, True
         # what exists now is never garbage: keep the collector's passes short during the run
         gc.collect()
         gc.freeze()
@@ -183,7 +203,12 @@ async def _sweep(
             points.append(point)
             return point
 
-        if args.capacity:
+        async def sweep() -> tuple[dict[str, Any] | None]:
+            if not args.capacity:
+                for rate in args.rate:
+                    for cap in args.concurrency:
+                        await measure(rate, cap)
+                return (None,)
             cap = args.concurrency[0]
             found = await capacity.search(
                 lambda rate: measure(rate, cap),
@@ -193,16 +218,36 @@ async def _sweep(
                 ),
             )
             print(capacity.result_line(found), file=load_outputs.notes(args), flush=True)
-        else:
-            for rate in args.rate:
-                for cap in args.concurrency:
-                    await measure(rate, cap)
+            return (found,)
+
+        swept = await _unless_stopped(stopped, sweep())
+        cut = swept is None
+        found = None if swept is None else swept[0]
     finally:
         gc.unfreeze()
         await target.close()
         if tracer is not None:
             await asyncio.to_thread(tracer.close)  # exports what is queued
-    return points, found
+    return points, found, cut
+
+
+async def _unless_stopped(stopped: asyncio.Event | None, work: Coroutine[Any, Any, T]) -> T | None:
+    """``work``'s result, or None if ``stopped`` is set first (``work`` is then cancelled, and
+    awaited: its own ``finally`` runs)."""
+    if stopped is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    signalled = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait((task, signalled), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        signalled.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
 
 
 FD_HEADROOM: Final = 64
@@ -295,7 +340,26 @@ def _check_target(args: argparse.Namespace) -> None:
         raise CommandError("--prefill-ms/--decode-ms set a --spawn'ed server")
 
 
-def _load(args: argparse.Namespace) -> int:
+async def _stoppable_sweep(
+    stop: signals.StopSignal,
+    args: argparse.Namespace,
+    spec: LoadSpec,
+    address: str,
+    pid: int | None,
+    api: api_mode.ApiSweep | None,
+    records: RecordWriter | None,
+    live: live_metrics.LiveMetrics | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bool]:
+    """:func:`_sweep`, that SIGINT and SIGTERM stop (``stop`` notes them)."""
+    with signals.stop_event(stop) as stopped:
+        if stop.received:  # while the server was starting
+            stopped.set()
+        return await _sweep(args, spec, address, pid, api, records, live, stopped)
+
+
+def run_load(args: argparse.Namespace) -> int:
+    """``inferwire load`` with its parsed options (:mod:`inferwire.cli.load`): the exit status
+    (0; 1 if every request failed; 128 + a signal's number if one stopped the run)."""
     _check_target(args)
     if args.address and (args.prefill_ms or args.decode_ms):
         raise CommandError("--prefill-ms/--decode-ms set a --spawn'ed server")
@@ -358,15 +422,28 @@ def _load(args: argparse.Namespace) -> int:
     api: api_mode.ApiSweep | None = None
     if args.url is not None:  # checked before anything starts
         api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, args.url))
+    # from here on a signal is noted, not raised: what is under way ends cleanly and the
+    # outputs are written; the run (on its loop) and the hold look for it
+    stop = signals.StopSignal()
     # served from before the first request (the warm-up's too) to after the outputs are written
-    with live_metrics.serving(args) as live:
+    with signals.handled(stop), live_metrics.serving(args, stop=stop) as live:
         with _server(args) as (address, pid), load_outputs.records(args) as records:
             if args.api is not None and args.spawn:
                 url = api_mode.spawned_url(args.transport, address, args.api)
                 api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url))
-            run = _sweep(args, spec, address, pid, api, records, live)
-            points, found = loops.run(run, args.loop)
-        _write_report(args, spec, api, started, points, found)
+            run = _stoppable_sweep(stop, args, spec, address, pid, api, records, live)
+            points, found, cut = loops.run(run, args.loop)
+        stopped_by = stop.name if cut else ""
+        if stopped_by:
+            print(
+                f"inferwire load: stopped by {stopped_by} after {len(points)} point(s); "
+                "writing what was measured",
+                file=sys.stderr,
+                flush=True,
+            )
+        _write_report(args, spec, api, started, points, found, stopped_by)
+    if stopped_by and stop.signum is not None:
+        return 128 + stop.signum
     failed = sum(p["requests_failed"] for p in points)
     return 1 if failed and all(p["requests_completed"] == 0 for p in points) else 0
 
@@ -378,8 +455,10 @@ def _write_report(
     started: str,
     points: list[dict[str, Any]],
     found: dict[str, Any] | None,
+    stopped_by: str = "",
 ) -> None:
-    """The JSON report (--out) and its page (--html)."""
+    """The JSON report (--out) and its page (--html); ``stopped_by``: the signal that stopped
+    the run before its end, if one did."""
     if args.out is None and args.html is None:
         return
     parameters = {
@@ -414,22 +493,10 @@ def _write_report(
     }
     if found is not None:
         report["capacity"] = found
+    if stopped_by:
+        report["stopped_by"] = stopped_by
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n")
         print(f"wrote {args.out}", file=load_outputs.notes(args))
     load_outputs.write_html(args, report)
-
-
-def add_commands(commands: arguments.Commands) -> None:
-    load = commands.add_parser(
-        "load",
-        help="open-loop load against one server: TTFT, TPOT, ITL, E2E percentiles",
-        description=load_arguments.DESCRIPTION,
-    )
-    load_arguments.add_load_arguments(load)
-    arguments.add_trace_arguments(load, "each request's stages (with --spawn, the server's too)")
-    load_arguments.add_output_arguments(load)
-    load_arguments.add_metrics_arguments(load)
-    load.set_defaults(run=_load)
-    load_arguments.add_report_command(commands, load_outputs.load_report)

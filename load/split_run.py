@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
+from inferwire._runtime import arguments
 from inferwire._runtime.arguments import CommandError, Parser
 
-from . import load_command
+from . import load_arguments
 
 SET_BY_THE_SPLIT: Final = ("--part", "--start-at", "--out", "--records", "--spawn")
 """Options of ``inferwire load`` that the split run sets itself (or that cannot be split: a
@@ -49,7 +50,7 @@ def check_load_arguments(text: str) -> LoadArguments:
         if any(a == option or a.startswith(option + "=") for a in args):
             raise SplitRunError(f"{option} is set by the split run, or cannot be split")
     try:
-        parsed, unknown = _load_parser().parse_known_args(["load", *args])
+        parsed, unknown = _load_parser().parse_known_args(args)
     except SystemExit:  # argparse printed the reason
         raise SplitRunError(f"the inferwire load arguments are not valid: {text!r}") from None
     if unknown:
@@ -63,8 +64,13 @@ def check_load_arguments(text: str) -> LoadArguments:
 
 
 def _load_parser() -> Parser:
-    parser = Parser(prog="inferwire")
-    load_command.add_commands(parser.add_subparsers(dest="command", required=True))
+    """The options of ``inferwire load`` (:mod:`inferwire.cli.load` adds the same), to check
+    with: the Locust glue runs without the CLI, which sits above this layer."""
+    parser = Parser(prog="inferwire load")
+    load_arguments.add_load_arguments(parser)
+    arguments.add_trace_arguments(parser, "each request's stages")
+    load_arguments.add_output_arguments(parser)
+    load_arguments.add_metrics_arguments(parser)
     return parser
 
 
@@ -89,7 +95,7 @@ class PartPlan:
         return [
             sys.executable,
             "-m",
-            "inferwire.cli.main",
+            "inferwire.cli",
             "load",
             *self.load_args,
             "--part",

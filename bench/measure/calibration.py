@@ -13,7 +13,7 @@ Each point is the fastest of several timings. If either workload's time moves by
 guests (*steal*), and the share other processes of this machine used (busy time minus this
 process tree's CPU time). A run where any of the three passes its bound is *unstable*: its
 figures are kept, marked, and ``inferwire bench`` will not publish it over a stable run unless
-forced (:mod:`inferwire.cli.main`).
+forced (:mod:`inferwire.bench.runner.run`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The real stack of the engine benchmarks: an engine process (``inferwire engine``) and a
 frontend (``inferwire serve --engine``) that reports what the benchmarks read.
 
-The frontend is ``inferwire serve`` itself, started through this module
-(``python -m inferwire.bench.procs.engine_stack [--stage-log PATH] [--counters PATH] serve
-...``), which swaps in :class:`LoggedEngineService` before ``serve`` builds its service:
+The frontend is ``inferwire serve`` itself (:func:`inferwire.transports.serve.serve`), started
+through this module (``python -m inferwire.bench.procs.engine_stack [--stage-log PATH]
+[--counters PATH] OPTIONS``, OPTIONS the JSON of its
+:class:`~inferwire.transports.serve.ServeOptions`), which swaps in :class:`LoggedEngineService`
+before ``serve`` builds its service:
 
 - ``--stage-log PATH``: every request asks the engine for its stage times (END_STATS), and
   the frontend appends one JSON line per finished stream to PATH: the request's ``seed``,
@@ -20,6 +22,7 @@ process the benchmarks start does.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -31,9 +34,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
+from inferwire._runtime.loops import requested_loop
 from inferwire.codecs import TokenChunk
 from inferwire.engine.launch import EngineProcess
 from inferwire.transports import engine_service, server_process
+from inferwire.transports.serve import ServeOptions
 from inferwire.transports.service import MAX_BATCH_CHUNKS, TokenStream
 
 COUNTERS_TIMEOUT_S: Final = 10.0
@@ -102,7 +107,8 @@ def _write_counters(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``[--stage-log PATH] [--counters PATH]`` then ``inferwire serve``'s arguments."""
+    """``[--stage-log PATH] [--counters PATH]`` then the JSON of ``inferwire serve``'s
+    options."""
     from inferwire.transports import serve
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -116,8 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGUSR1, _write_counters)
     # serve imports the service class from this module when --engine asks for it
     engine_service.EngineService = LoggedEngineService  # type: ignore[misc]
+    (options,) = args
     try:
-        return serve.main(args)
+        return serve.serve(serve.ServeOptions(**json.loads(options)))
     finally:
         if _Logs.stage_log is not None:
             _Logs.stage_log.close()
@@ -161,19 +168,21 @@ class EngineStack:
     def start(self) -> EngineStack:
         try:
             self.engine.start()
-            frontend = server_process.serve(
-                self.transport,
-                self.codec,
-                "--engine",
-                self.engine.endpoint,
-                "--engine-codec",
-                self.hop_codec,
-                *self._pickle,
+            options = ServeOptions(
+                transport=self.transport,
+                codec=self.codec,
+                engine=self.engine.endpoint,
+                engine_codec=self.hop_codec,
+                allow_pickle=bool(self._pickle),
+                no_metrics=True,  # as server_process.serve's servers
+                loop=requested_loop(),
             )
             logs = ["--counters", str(self.counters_path)]
             if self.stage_log_path is not None:
                 logs += ["--stage-log", str(self.stage_log_path)]
-            frontend.args = [sys.executable, "-m", __name__, *logs, *frontend.args[3:]]
+            frontend = server_process.ServerProcess()
+            options_json = json.dumps(dataclasses.asdict(options))
+            frontend.args = [sys.executable, "-m", __name__, *logs, options_json]
             self.frontend = frontend.start()
         except BaseException:
             self.stop()

@@ -1,5 +1,5 @@
 """``inferwire watch``: writes the alert rules, the Prometheus configuration and the Grafana
-dashboard (``observe/`` holds their defaults)::
+dashboard (``observe/`` holds their defaults; :mod:`inferwire.cli.watch` parses the options)::
 
     inferwire watch rules --threshold-ms 250 --window 30s --for 10s > alerts.yml
     inferwire watch prometheus-config --server 127.0.0.1:8000 --load 127.0.0.1:9465
@@ -9,12 +9,12 @@ dashboard (``observe/`` holds their defaults)::
 
 from __future__ import annotations
 
-import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from inferwire._runtime.arguments import CommandError, Commands, connect_address, positive
+from inferwire._runtime.arguments import CommandError
 
 from . import dashboard, prometheus_config, rules
 
@@ -34,145 +34,63 @@ def _write(text: str, out: Path | None) -> None:
         raise CommandError(f"cannot write {out}: {exc}") from None
 
 
-def _settings(args: argparse.Namespace) -> rules.AlertSettings:
+def alert_settings(
+    *, threshold_ms: float, window: str, hold: str, quantile: float, evaluation_interval: str
+) -> rules.AlertSettings:
+    """The alert's settings, a value :class:`~.rules.AlertSettings` refuses as a
+    CommandError."""
     try:
         return rules.AlertSettings(
-            threshold_s=args.threshold_ms / 1000,
-            window=args.window,
-            hold=args.hold,
-            quantile=args.quantile,
-            evaluation_interval=args.evaluation_interval,
+            threshold_s=threshold_ms / 1000,
+            window=window,
+            hold=hold,
+            quantile=quantile,
+            evaluation_interval=evaluation_interval,
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
 
 
-def _rules(args: argparse.Namespace) -> int:
-    _write(rules.rules(_settings(args)), args.out)
+def write_rules(settings: rules.AlertSettings, out: Path | None) -> int:
+    """The alert rules, to ``out`` (None: stdout)."""
+    _write(rules.rules(settings), out)
     return 0
 
 
-def _config(args: argparse.Namespace) -> int:
+def write_config(
+    *,
+    servers: Sequence[str] | None,
+    loads: Sequence[str] | None,
+    scrape_interval: str,
+    rule_files: Sequence[str] | None,
+    out: Path | None,
+) -> int:
+    """The Prometheus configuration; with neither ``servers`` nor ``loads``, the defaults'
+    targets."""
     defaults = prometheus_config.ScrapeSettings()
-    given = bool(args.server or args.load)
+    given = bool(servers or loads)
     try:
         settings = prometheus_config.ScrapeSettings(
-            servers=(args.server or ()) if given else defaults.servers,
-            loads=(args.load or ()) if given else defaults.loads,
-            scrape_interval=args.scrape_interval,
-            rule_files=args.rules or defaults.rule_files,
+            servers=tuple(servers or ()) if given else defaults.servers,
+            loads=tuple(loads or ()) if given else defaults.loads,
+            scrape_interval=scrape_interval,
+            rule_files=tuple(rule_files) if rule_files else defaults.rule_files,
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    _write(prometheus_config.config(settings), args.out)
+    _write(prometheus_config.config(settings), out)
     return 0
 
 
-def _dashboard(args: argparse.Namespace) -> int:
-    _write(dashboard.dump(args.threshold_ms / 1000), args.out)
+def write_dashboard(threshold_ms: float, out: Path | None) -> int:
+    """The Grafana dashboard, its latency panels drawing ``threshold_ms``."""
+    _write(dashboard.dump(threshold_ms / 1000), out)
     return 0
 
 
-def _all(args: argparse.Namespace) -> int:
+def write_all(out_dir: Path) -> int:
     """Every default file, as ``observe/`` ships them."""
-    out_dir: Path = args.out_dir
     _write(rules.rules(), out_dir / RULES_FILE)
     _write(prometheus_config.config(), out_dir / CONFIG_FILE)
     _write(dashboard.dump(), out_dir / DASHBOARD_FILE)
     return 0
-
-
-def _add_rule_settings(parser: argparse.ArgumentParser) -> None:
-    defaults = rules.AlertSettings()
-    parser.add_argument(
-        "--threshold-ms",
-        type=positive,
-        default=defaults.threshold_s * 1000,
-        help="alert when the quantile is above this, ms",
-    )
-    parser.add_argument(
-        "--window", default=defaults.window, help="rate window of the quantile (1m, 30s, ...)"
-    )
-    parser.add_argument(
-        "--for",
-        dest="hold",
-        default=defaults.hold,
-        help="how long above the threshold before the alert fires (0s: at once)",
-    )
-    parser.add_argument(
-        "--quantile", type=float, default=defaults.quantile, help="the quantile, in (0, 1)"
-    )
-    parser.add_argument(
-        "--evaluation-interval",
-        default=defaults.evaluation_interval,
-        help="how often Prometheus evaluates the group",
-    )
-
-
-def add_commands(commands: Commands) -> None:
-    watch = commands.add_parser(
-        "watch",
-        help="write the Prometheus rules and configuration, and the Grafana dashboard",
-        description=__doc__.split("\n\n")[0].replace("\n", " ") if __doc__ else None,
-    )
-    kinds = watch.add_subparsers(dest="kind", required=True, metavar="WHAT")
-
-    rule = kinds.add_parser(
-        "rules",
-        help="alert rules: P99 end-to-end latency and TTFT above a threshold",
-        description=rules.__doc__,
-    )
-    _add_rule_settings(rule)
-    rule.add_argument("--out", type=Path, help="file to write (default: stdout)")
-    rule.set_defaults(run=_rules)
-
-    cfg = kinds.add_parser(
-        "prometheus-config",
-        help="a Prometheus configuration scraping servers and load generators",
-        description=prometheus_config.__doc__,
-    )
-    cfg.add_argument(
-        "--server",
-        action="append",
-        type=connect_address,
-        help="HOST:PORT of a server's metrics (repeat for more; default, with no --load "
-        "either: 127.0.0.1:8000)",
-    )
-    cfg.add_argument(
-        "--load",
-        action="append",
-        type=connect_address,
-        help="HOST:PORT of a load generator's --metrics-port (repeat for more; default, with "
-        "no --server either: 127.0.0.1:9465)",
-    )
-    cfg.add_argument("--scrape-interval", default="1s", help="how often to scrape")
-    cfg.add_argument(
-        "--rules",
-        action="append",
-        default=None,
-        help="rule file path as Prometheus reads it (default: alerts.yml beside the config)",
-    )
-    cfg.add_argument("--out", type=Path, help="file to write (default: stdout)")
-    cfg.set_defaults(run=_config)
-
-    dash = kinds.add_parser(
-        "dashboard",
-        help="the Grafana dashboard (JSON, provisionable); needs the 'watch' extra",
-        description=dashboard.__doc__,
-    )
-    dash.add_argument(
-        "--threshold-ms",
-        type=positive,
-        default=500.0,
-        help="the alert threshold drawn on the latency panels, ms",
-    )
-    dash.add_argument("--out", type=Path, help="file to write (default: stdout)")
-    dash.set_defaults(run=_dashboard)
-
-    every = kinds.add_parser(
-        "all", help="every default file, as observe/ ships them", description=_all.__doc__
-    )
-    every.add_argument(
-        "--out-dir", type=Path, default=Path("observe"), help="the folder to write them under"
-    )
-    every.set_defaults(run=_all)

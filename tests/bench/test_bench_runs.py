@@ -1,5 +1,5 @@
 """What ``inferwire bench --repeat N`` publishes or refuses to publish
-(:mod:`inferwire.cli.main`).
+(:mod:`inferwire.bench.runner.run`).
 The merge of the repeats: test_bench_merge.py; how the report shows them:
 test_bench_runs_report.py.
 
@@ -21,7 +21,7 @@ from typing import Any, Final
 import pytest
 
 from inferwire.bench.runner import merge
-from inferwire.cli import main as cli
+from inferwire.bench.runner import run as bench_run
 from tests.bench.bench_run_helpers import (
     busy_neighbour,
     clean_env,
@@ -79,19 +79,19 @@ def test_an_unstable_run_is_refused_only_over_a_stable_one(
         (raw / "codecs.json").write_text(published)
     merged = {"codecs.json": new, "transports.json": STABLE}
 
-    reason = cli._refusal(raw, merged, force=False)
+    reason = bench_run._refusal(raw, merged, force=False)
     assert bool(reason) is refused
     if refused:
         assert "codecs.json" in reason
         assert str(raw / "codecs.json") in reason
         assert "; ".join(merge.unstable_reasons(new)) in reason
-    assert cli._refusal(raw, merged, force=True) == ""
+    assert bench_run._refusal(raw, merged, force=True) == ""
 
 
 def _staged(staging: Path, name: str, repeats: int, tag: str) -> list[Path]:
     paths = []
     for n in range(1, repeats + 1):
-        path = staging / cli.REPEATS_DIR / str(n) / name
+        path = staging / bench_run.REPEATS_DIR / str(n) / name
         _write(path, {"run": tag, "repeat": n})
         paths.append(path)
     _write(staging / name, {"run": tag, "merged": True})
@@ -116,7 +116,7 @@ def test_publishing_replaces_a_suite_and_its_repeats_and_leaves_the_others(
     # this run: codecs only (a -k), 2 repeats
     ran = {"codecs.json": _staged(staging, "codecs.json", 2, "new")}
 
-    cli._publish(staging, raw, ran)
+    bench_run._publish(staging, raw, ran)
 
     assert not staging.exists()
     assert _tree(raw) == {
@@ -136,8 +136,8 @@ def test_publishing_replaces_a_suite_and_its_repeats_and_leaves_the_others(
 def test_publishing_removes_a_repeat_directory_left_empty(tmp_path: Path) -> None:
     raw, staging = tmp_path / "raw", tmp_path / "staging"
     _staged(raw, "codecs.json", 3, "old")
-    cli._publish(staging, raw, {"codecs.json": _staged(staging, "codecs.json", 1, "new")})
-    assert sorted(p.name for p in (raw / cli.REPEATS_DIR).iterdir()) == ["1"]
+    bench_run._publish(staging, raw, {"codecs.json": _staged(staging, "codecs.json", 1, "new")})
+    assert sorted(p.name for p in (raw / bench_run.REPEATS_DIR).iterdir()) == ["1"]
     assert _tree(raw) == {
         "codecs.json": {"run": "new", "merged": True},
         "repeats/1/codecs.json": {"run": "new", "repeat": 1},
@@ -167,7 +167,7 @@ def tiny_suites(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     test fills. Its suite processes run in ``tmp_path`` and see no xdist markers."""
     suites = tmp_path / "suites"
     suites.mkdir()
-    monkeypatch.setattr(cli, "SUITES_DIR", suites)
+    monkeypatch.setattr(bench_run, "SUITES_DIR", suites)
     monkeypatch.chdir(tmp_path)  # pytest-benchmark saves each timed run in ./.benchmarks
     for name in [n for n in os.environ if n.startswith("PYTEST_XDIST")]:
         monkeypatch.delenv(name)
@@ -196,16 +196,16 @@ def test_a_failing_suite_publishes_nothing(
         ("bench_once.py", "once.json", False),
         ("bench_flaky.py", "flaky.json", True),
     )
-    monkeypatch.setattr(cli, "SUITES", suites)
+    monkeypatch.setattr(bench_run, "SUITES", suites)
     markers = tmp_path / "markers"
     markers.mkdir()
     monkeypatch.setenv("INFERWIRE_TEST_MARKERS", str(markers))
     out = tmp_path / "results"
     _write(out / "raw" / "good.json", STABLE)
-    _write(out / "raw" / cli.REPEATS_DIR / "1" / "good.json", STABLE)
+    _write(out / "raw" / bench_run.REPEATS_DIR / "1" / "good.json", STABLE)
     before = _published(out)
 
-    status = cli.main(["bench", "--out", str(out), "--repeat", "2", "--max-time", "0.01"])
+    status = bench_run.run_matrix(out, max_time=0.01, repeats=2)
 
     assert status == 1
     assert sorted(p.name for p in markers.iterdir()) == ["bench_flaky.py", "bench_once.py"]
@@ -222,17 +222,17 @@ def test_an_unstable_run_is_not_published_over_a_stable_one(
     """A busy neighbour runs all through the suite: its calibration reads other processes'
     CPU past the bound, and the stable published run stays; this one is kept aside."""
     write_suite(tiny_suites)
-    monkeypatch.setattr(cli, "SUITES", (("bench_two.py", "two.json", True),))
+    monkeypatch.setattr(bench_run, "SUITES", (("bench_two.py", "two.json", True),))
     out = tmp_path / "results"
     _write(out / "raw" / "two.json", STABLE)
     before = _published(out / "raw")
 
     with busy_neighbour():
-        status = cli.main(["bench", "--out", str(out), "--max-time", "0.01"])
+        status = bench_run.run_matrix(out, max_time=0.01)
 
-    assert status == cli.UNSTABLE_EXIT == 3
+    assert status == bench_run.UNSTABLE_EXIT == 3
     assert _published(out / "raw") == before
-    kept = out / cli.UNSTABLE_DIR
+    kept = out / bench_run.UNSTABLE_DIR
     assert sorted(p.name for p in out.iterdir()) == sorted(["raw", kept.name])
     unstable = json.loads((kept / "two.json").read_text())
     assert merge.stable(unstable) is False
@@ -258,7 +258,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     command = [
         sys.executable,
         "-m",
-        "inferwire.cli.main",
+        "inferwire.cli",
         "bench",
         "--out",
         str(out / "results"),
@@ -341,8 +341,8 @@ def test_a_run_of_suites_other_than_the_codecs_is_published(
     """No codec results (a -k that selected none, into a new OUT): the suites that ran are
     published, and the report waits for the codec file instead of failing after the fact."""
     write_suite(tiny_suites, calibrated=False)
-    monkeypatch.setattr(cli, "SUITES", (("bench_two.py", "two.json", True),))
+    monkeypatch.setattr(bench_run, "SUITES", (("bench_two.py", "two.json", True),))
     out = tmp_path / "results"
-    assert cli.main(["bench", "--out", str(out), "--max-time", "0.01"]) == 0
+    assert bench_run.run_matrix(out, max_time=0.01) == 0
     assert json.loads((out / "raw" / "two.json").read_text())["benchmarks"]
-    assert not (out / "raw" / cli.REPEATS_DIR).exists()  # one repeat: its file is the merge
+    assert not (out / "raw" / bench_run.REPEATS_DIR).exists()  # one repeat: its file is the merge

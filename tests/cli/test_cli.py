@@ -29,7 +29,8 @@ from inferwire import workloads
 from inferwire.cli import main as cli
 
 INFERWIRE: Final = (sys.executable, "-m", "inferwire.cli.main")
-SERVE_MODULE: Final = (sys.executable, "-m", "inferwire.transports.serve")
+CHILD_ENTRY: Final = (sys.executable, "-m", "inferwire.cli")
+"""How servers, engines and load runs are started as children (``cli/__main__.py``)."""
 TIMEOUT_S: Final = 120.0
 BUSY: Final = "{busy}"  # replaced by the port of a socket this module holds, listening
 CLOSED: Final = "{closed}"  # replaced by a port bound by nobody's listener: connections refused
@@ -54,8 +55,8 @@ MISTAKES: Final = (
     Mistake(("serve", "--transport", "grpc", "--port", BUSY), r"port \d+ is in use"),
     Mistake(
         ("serve", "--transport", "grpc", "--port", BUSY),
-        r"python -m inferwire.transports.serve serve: error: .*port \d+ is in use",
-        SERVE_MODULE,
+        r"^inferwire serve: error: .*port \d+ is in use",
+        CHILD_ENTRY,
     ),
     Mistake(
         ("serve", "--transport", "grpc", "--host", "nope.invalid"),
@@ -177,7 +178,7 @@ def outcomes(ports: dict[str, str]) -> dict[Mistake, Outcome]:
 
 
 def _id(mistake: Mistake) -> str:
-    how = "python -m inferwire.transports.serve " if mistake.command == SERVE_MODULE else ""
+    how = "python -m inferwire.cli " if mistake.command == CHILD_ENTRY else ""
     return how + (" ".join(mistake.args) or "(nothing)")
 
 

@@ -276,7 +276,8 @@ def test_codec_mismatch_and_pickle_are_refused(
         [
             sys.executable,
             "-m",
-            "inferwire.engine.process",
+            "inferwire.cli",
+            "engine",
             "--endpoint",
             endpoint,
             "--codec",
@@ -566,7 +567,7 @@ def test_hostile_bytes_from_the_engine_fail_streams_with_typed_errors(
 )
 def test_engine_command_mistakes_are_one_line(options: tuple[str, ...], message: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "inferwire.engine.process", *options],
+        [sys.executable, "-m", "inferwire.cli", "engine", *options],
         capture_output=True,
         text=True,
         timeout=WAIT_S,

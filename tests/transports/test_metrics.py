@@ -69,7 +69,7 @@ def start(folder: Path, *args: str) -> subprocess.Popen[str]:
     log = folder / f"{'-'.join(a.strip('-') for a in args[:4])}.stderr"
     with log.open("w") as stderr:
         return subprocess.Popen(
-            [sys.executable, "-m", "inferwire.transports.serve", "serve", *args],
+            [sys.executable, "-m", "inferwire.cli", "serve", *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -348,7 +348,7 @@ def test_no_metrics_exposes_nothing(tmp_path: Path, transport: str) -> None:
 def test_no_metrics_records_nothing() -> None:
     """Off, a server holds no metrics, so its routes hand the sender no meter."""
     service = it.SimulatedService(lambda workload, seed: [])
-    codec = ic.get(CODEC)
+    codec = ic.get(CODEC, extensions=True)
     for transport in TRANSPORTS:
         server = it.server_class(transport)(service, codec)
         assert server.metrics is None
