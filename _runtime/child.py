@@ -18,7 +18,7 @@ import subprocess
 import threading
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Final, Self
+from typing import IO, Any, Final, Self
 
 START_TIMEOUT_S: Final = 60.0
 """Generous: a cold interpreter on a busy 2-core machine can take seconds to import a server."""
@@ -31,14 +31,15 @@ class ChildStartError(RuntimeError):
 
 class ChildProcess:
     """``command`` as a child process whose first stdout line matches ``announcement``; a context
-    manager. stderr is inherited unless ``stderr`` is given (e.g. ``subprocess.DEVNULL``)."""
+    manager. stderr is inherited unless ``stderr`` is given (e.g. ``subprocess.DEVNULL`` or a
+    file); stdin is empty."""
 
     def __init__(
         self,
         command: Sequence[str],
         announcement: re.Pattern[str],
         *,
-        stderr: int | None = None,
+        stderr: int | IO[Any] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
         self.args = list(command)
@@ -64,6 +65,7 @@ class ChildProcess:
     def start(self) -> Self:
         process = subprocess.Popen(
             self.args,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
             text=True,

@@ -206,14 +206,23 @@ class SseEncoder(_CountingEncoder):
 
 
 class SseDecoder(_BufferedDecoder, Generic[M]):
-    """Parses server-sent events per the WHATWG rules; only ``data`` fields carry messages."""
+    """Parses server-sent events per the WHATWG rules (HTML section 9.2.6, "Interpreting an event
+    stream"); only ``data`` fields carry messages. The project's one SSE reader: the codecs' own
+    streams and, with ``on_named_event``, any server's (the load generator's API targets), which
+    may name an event (``event: error``): the hook gets each event whose name is not ``message``
+    (its name and data) before its data is decoded, and may raise to end the stream."""
 
-    __slots__ = ("_at_start", "_cr")
+    __slots__ = ("_at_start", "_cr", "_on_named_event")
 
     def __init__(
-        self, decode: Callable[[bytes], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+        self,
+        decode: Callable[[bytes], M],
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        *,
+        on_named_event: Callable[[bytes, bytes], None] | None = None,
     ) -> None:
         super().__init__(decode, max_frame_bytes)
+        self._on_named_event = on_named_event
         self._at_start = True
         # Until a CR shows up, events can only end in LF LF: a memchr-speed find, not the regex.
         self._cr = False
@@ -258,8 +267,13 @@ class SseDecoder(_BufferedDecoder, Generic[M]):
                 after = event_end + 2
             if event_end - pos > self.max_frame_bytes:
                 raise FrameTooLargeError(event_end - pos, self.max_frame_bytes)
-            payload = _sse_data(bytes(view[pos:event_end]))
+            event = bytes(view[pos:event_end])
+            payload = _sse_data(event)
             pos = after
+            if self._on_named_event is not None and b"event:" in event:
+                name = _sse_event_name(event)
+                if name not in (b"", b"message"):
+                    self._on_named_event(name, payload or b"")
             if payload is None:
                 continue  # comment or an event with no data: nothing to dispatch
             if payload == b"[DONE]":
@@ -283,6 +297,11 @@ class SseDecoder(_BufferedDecoder, Generic[M]):
             raise FrameTooLargeError(pending, self.max_frame_bytes)
         return out
 
+    @property
+    def pending(self) -> bool:
+        """Whether an event has begun and not been dispatched (its blank line not seen)."""
+        return bool(self._buffer.rstrip(b"\r\n"))
+
     def close(self) -> None:
         # Once the stream has ended, a CR at its end is a whole line ending (it can no longer
         # be the first half of a CRLF), so it may complete the last event: parse it as such.
@@ -305,6 +324,16 @@ def _sse_data(event: bytes) -> bytes | None:
         if name == b"data":
             values.append(value)
     return b"\n".join(values) if values else None
+
+
+def _sse_event_name(event: bytes) -> bytes:
+    """The value of an event's last ``event`` field (b"" if none)."""
+    name = b""
+    for line in _SSE_LINE.split(event):
+        field, colon, value = line.partition(b":")
+        if field == b"event":
+            name = value[1:] if colon and value.startswith(b" ") else value
+    return name
 
 
 class NdjsonEncoder(_CountingEncoder):
@@ -401,8 +430,10 @@ class MessageDecoder(Generic[M]):
         self.finished = True
 
 
-def stream_encoder(framing: Framing, encode: Callable[[Any], bytes]) -> StreamEncoder:
-    """A stream encoder of ``framing`` around a codec's one-message ``encode``."""
+def framed_encoder(framing: Framing, encode: Callable[[Any], bytes]) -> StreamEncoder:
+    """A stream encoder of ``framing`` around a one-message ``encode``: the framing alone, for
+    what is not a codec's message (a codec's own stream is
+    :meth:`~inferwire.codecs.Codec.stream_encoder`)."""
     if framing == "sse":
         return SseEncoder(encode)
     if framing == "ndjson":
@@ -410,10 +441,11 @@ def stream_encoder(framing: Framing, encode: Callable[[Any], bytes]) -> StreamEn
     return LengthPrefixedEncoder(encode)
 
 
-def stream_decoder(
+def framed_decoder(
     framing: Framing, decode: Callable[[bytes], M], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
 ) -> StreamDecoder[M]:
-    """A stream decoder of ``framing`` around a codec's one-message ``decode``."""
+    """A stream decoder of ``framing`` around a one-message ``decode`` (a codec's own is
+    :meth:`~inferwire.codecs.Codec.stream_decoder`)."""
     if framing == "sse":
         return SseDecoder(decode, max_frame_bytes)
     if framing == "ndjson":

@@ -1,5 +1,5 @@
 """The engine in a child process, for tests, benchmarks and a frontend that starts its own:
-start ``python -m inferwire.engine.process`` with the given options, read the endpoint it
+start ``python -m inferwire.cli engine`` with the given options, read the endpoint it
 announces (``listening on ENDPOINT codec=NAME policy=POLICY session=ID``), stop it after.
 
     with EngineProcess("--endpoint", "tcp://127.0.0.1:0", "--step-scale", "0.1") as engine:
@@ -20,13 +20,15 @@ _ANNOUNCEMENT: Final = re.compile(r"listening on (\S+) codec=(\S+) policy=(\S+) 
 
 
 class EngineProcess(ChildProcess):
-    """``inferwire engine`` (``python -m inferwire.engine.process``) as a child process; a
+    """``inferwire engine`` (``python -m inferwire.cli engine``) as a child process; a
     context manager. ``args`` are its options; stderr is inherited unless ``stderr`` is
     given (e.g. ``subprocess.PIPE``)."""
 
     def __init__(self, *args: str, stderr: int | None = None) -> None:
         super().__init__(
-            [sys.executable, "-m", "inferwire.engine.process", *args], _ANNOUNCEMENT, stderr=stderr
+            [sys.executable, "-m", "inferwire.cli", "engine", *args],
+            _ANNOUNCEMENT,
+            stderr=stderr,
         )
         self.endpoint = ""
         """Where the engine listens, as it announced (the port bound for ``tcp://HOST:0``)."""

@@ -32,15 +32,24 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from inferwire.codecs.framing import SseDecoder
 from inferwire.transports import ProtocolError
+from inferwire.transports.common import map_exceptions
+from inferwire.transports.http1.pool import HttpPool, Origin
 
 from . import api_streams
 from .api_streams import DONE, ApiChunk
-from .http_stream import HttpPool, Origin
-from .sse import SseReader
 
 APIS: Final = ("openai-chat", "openai-completions", "kserve-v2-http", "kserve-v2-grpc")
 MAX_BODY_BYTES: Final = 64 << 20
+MAX_EVENT_BYTES: Final = 16 << 20
+"""An event-stream line or event over this is refused: a server that never ends a line cannot
+take unbounded memory."""
+
+
+def _error_event(name: bytes, data: bytes) -> None:
+    if name == b"error":
+        raise api_streams.ServerStreamError(f"the server sent an error event: {data[:300]!r}")
 
 
 class PromptLike(Protocol):
@@ -125,15 +134,17 @@ class _HttpTarget:
         response = await self.pool.request("POST", path, orjson.dumps(body))
         if response.status != 200:
             raise await response.fail()
-        reader = SseReader()
+        events = SseDecoder(parse, MAX_EVENT_BYTES, on_named_event=_error_event)
+        said_done = False
         async for data in response.body():
-            for event in reader.feed(data):
-                if event.event == "error":
-                    raise api_streams.ServerStreamError(
-                        f"the server sent an error event: {event.data[:300]!r}"
-                    )
-                yield parse(event.data)
-        if not marked_end and response.complete and not reader.pending:
+            with map_exceptions("event stream"):  # a broken or oversized event: ProtocolError
+                chunks = events.feed(data)
+            for chunk in chunks:
+                yield chunk
+            if events.finished and not said_done:  # data: [DONE]
+                said_done = True
+                yield DONE
+        if not marked_end and not said_done and response.complete and not events.pending:
             yield DONE  # the generate extension's end: the body's own
 
     async def close(self) -> None:

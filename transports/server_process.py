@@ -1,6 +1,6 @@
 """inferwire's servers in their own processes, for the benchmarks, the load generator and the
-tests: start ``inferwire serve`` (:mod:`inferwire.transports.serve`) on a free loopback port, read
-the address it prints, stop it after (:class:`~inferwire._runtime.child.ChildProcess`).
+tests: start ``inferwire serve`` (``python -m inferwire.cli serve``) on a free loopback port,
+read the address it prints, stop it after (:class:`~inferwire._runtime.child.ChildProcess`).
 
 A server process shares no interpreter, GIL or event loop with the client that measures it, so
 the client's timings include what a real deployment pays: a socket between two processes.
@@ -20,7 +20,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Final
+from typing import IO, Any, Final
 
 from inferwire._runtime.child import ChildProcess
 from inferwire._runtime.loops import with_loop
@@ -37,8 +37,8 @@ class ServerProcess(ChildProcess):
     of another make that announces itself the same way is one too, its command set in
     ``args`` before it is started."""
 
-    def __init__(self, *args: str) -> None:
-        super().__init__([sys.executable, "-m", "inferwire.transports.serve", *args], _ADDRESS)
+    def __init__(self, *args: str, stderr: int | IO[Any] | None = None) -> None:
+        super().__init__([sys.executable, "-m", "inferwire.cli", *args], _ADDRESS, stderr=stderr)
         self.host = ""
         self.port = 0
         self.ca_pem: bytes | None = None

@@ -36,14 +36,16 @@ from tests.helpers.faults import expected_chunks, server_process, serving
 
 SERVICE = "inferwire.v1.Inference"
 STREAM_CODECS = [
-    name for name in ic.names() if ic.TokenChunk in ic.get(name).types and name != "tensor"
+    name
+    for name in ic.names()
+    if ic.TokenChunk in ic.get(name, extensions=True).types and name != "tensor"
 ]
 BOUND_S = 30.0
 """Outer bound on a stream that should take well under a second: one that fires is a hang."""
 
 
 def _stream_bytes(codec: str, chunks: list[ic.TokenChunk]) -> bytes:
-    encoder = ic.get(codec).stream_encoder()
+    encoder = ic.get(codec, extensions=True).stream_encoder()
     return b"".join(encoder.encode(chunk) for chunk in chunks) + encoder.end()
 
 
@@ -80,13 +82,14 @@ def test_batched_stream_equals_the_service(codec: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "codec", [name for name in STREAM_CODECS if ic.get(name).stream_shape == "independent"]
+    "codec",
+    [name for name in STREAM_CODECS if ic.get(name, extensions=True).stream_shape == "independent"],
 )
 def test_the_message_stream_is_each_chunks_own_bytes(codec: str) -> None:
     """What ``Generate`` sends: for a codec of independent chunks, each message is exactly
     ``encode``'s bytes of its chunk (protobuf's encoder serializes a stream's repeated head
     once; the bytes must not change), over every token-stream workload."""
-    c = ic.get(codec)
+    c = ic.get(codec, extensions=True)
     for name in workloads.names():
         chunks = [m for m in workloads.get(name).messages(0) if isinstance(m, ic.TokenChunk)]
         encoder = c.message_encoder()
@@ -104,7 +107,7 @@ def test_the_per_message_rpc_stays_one_chunk_a_message() -> None:
         ):
             call = channel.unary_stream(f"/{SERVICE}/Generate")
             messages = [m async for m in call(_request_bytes(request))]
-        codec = ic.get("protobuf")
+        codec = ic.get("protobuf", extensions=True)
         assert [codec.decode(m, ic.TokenChunk) for m in messages] == expected_chunks("stream-16")
 
     asyncio.run(run())
@@ -178,7 +181,7 @@ def test_a_batch_cut_mid_frame_is_truncation(codec: str) -> None:
 @pytest.mark.parametrize("codec", ["orjson", "protobuf", "delta"])
 def test_a_stream_without_its_end_marker_is_truncation(codec: str) -> None:
     chunks = expected_chunks("stream-16")
-    encoder = ic.get(codec).stream_encoder()
+    encoder = ic.get(codec, extensions=True).stream_encoder()
     whole_frames = b"".join(encoder.encode(chunk) for chunk in chunks)  # no end()
     received, error = asyncio.run(_read_from([envelope.write_stream_bytes(whole_frames)], codec))
     assert isinstance(error, it.StreamTruncatedError), repr(error)
@@ -218,7 +221,7 @@ def test_stream_bytes_follow_protobufs_rules() -> None:
 
 def test_batched_must_be_a_bool() -> None:
     with pytest.raises(ValueError, match="batched"):
-        GrpcClient("127.0.0.1", 1, ic.get("orjson"), batched="yes")  # type: ignore[arg-type]
+        GrpcClient("127.0.0.1", 1, ic.get("orjson", extensions=True), batched="yes")  # type: ignore[arg-type]
 
 
 KILL_AFTER = 5
@@ -238,7 +241,7 @@ def test_server_killed_mid_stream_is_truncation(tmp_path: Path) -> None:
                         async for _ in stream:
                             received += 1
                             if received == KILL_AFTER:
-                                child.process.kill()
+                                child.kill()
                 except it.TransportError as exc:
                     return received, exc
             return received, None

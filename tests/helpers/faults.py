@@ -9,11 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import select
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,6 +20,8 @@ import numpy as np
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire._runtime.child import ChildStartError
+from inferwire.transports.server_process import ServerProcess
 from inferwire.workloads import token_stream_source
 
 MESSAGES = [{"role": "user", "content": "Generate."}]
@@ -110,7 +107,9 @@ async def serving(
 ) -> AsyncIterator[Running]:
     """A real server on a loopback socket in this event loop."""
     service = it.SimulatedService(token_stream_source, prefill_s=prefill_s, decode_s=decode_s)
-    server = it.server_class(transport)(service, ic.get(codec), limits=limits or it.Limits())
+    server = it.server_class(transport)(
+        service, ic.get(codec, extensions=True), limits=limits or it.Limits()
+    )
     host, port = await server.start()
     try:
         yield Running(server, service, host, port)
@@ -118,51 +117,24 @@ async def serving(
         await server.stop()
 
 
-@dataclass
-class ServerProcess:
-    process: subprocess.Popen[bytes]
-    address: str
-
-
 @contextlib.contextmanager
 def server_process(
     transport: str, codec: str, extra_args: Sequence[str], log_path: Path
 ) -> Iterator[ServerProcess]:
-    """``inferwire serve`` in a child process; killed (if still running) and reaped on exit."""
-    command = [sys.executable, "-m", "inferwire.transports.serve", "serve"]
-    command += ["--transport", transport, "--codec", codec, *extra_args]
+    """``inferwire serve`` in a child process, its stderr in ``log_path``; killed (if still
+    running) and reaped on exit."""
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL
+        child = ServerProcess(
+            "serve", "--transport", transport, "--codec", codec, *extra_args, stderr=log
         )
+        try:
+            child.start()
+        except ChildStartError as exc:
+            raise AssertionError(f"{exc}; stderr: {log_path.read_text()}") from None
     try:
-        line = _first_line(process, STARTUP_TIMEOUT_S)
-        assert line.startswith("listening on "), f"{line!r}; stderr: {log_path.read_text()}"
-        yield ServerProcess(process, line.removeprefix("listening on ").split()[0])
+        yield child
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-        assert process.stdout is not None
-        process.stdout.close()
-
-
-def _first_line(process: subprocess.Popen[bytes], timeout_s: float) -> str:
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    deadline = time.monotonic() + timeout_s
-    data = b""
-    while b"\n" not in data:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or process.poll() is not None:
-            break
-        readable, _, _ = select.select([fd], [], [], min(remaining, 0.5))
-        if readable:
-            piece = os.read(fd, 4096)
-            if not piece:
-                break
-            data += piece
-    return data.split(b"\n", 1)[0].decode(errors="replace")
+        child.kill()
 
 
 # -- fake peers and raw exchanges ---------------------------------------------------------
@@ -272,7 +244,7 @@ def thread_server(transport: str, service: it.SimulatedService) -> Iterator[str]
     """A real server on 127.0.0.1 with its own event loop in a thread: a stall there leaves
     the caller's loop running, as a server in another process would."""
     loop = asyncio.new_event_loop()
-    server = it.server_class(transport)(service, ic.get("orjson"))
+    server = it.server_class(transport)(service, ic.get("orjson", extensions=True))
     started = threading.Event()
 
     def main() -> None:

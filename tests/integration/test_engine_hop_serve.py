@@ -9,10 +9,8 @@ assertion."""
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,93 +20,52 @@ import pytest
 
 import inferwire.transports as it
 from inferwire._runtime import loops
+from inferwire._runtime.child import ChildProcess
 from inferwire.engine.client import EngineClient
 from inferwire.engine.hop_codecs import hop_codec
 from inferwire.engine.launch import EngineProcess
+from inferwire.transports.server_process import ServerProcess
 from inferwire.workloads import MODEL, cut_stream, token_stream_source
 
 WAIT_S = 60.0
 FAST = ("--step-scale", "0.05")
 HOP_CODECS = ("msgspec-msgpack", "protobuf", "delta", "pickle")
-_LISTENING = re.compile(r"listening on (\S+):(\d+)")
 
 
-class Frontend:
-    """``inferwire serve --engine`` in a child process."""
-
-    def __init__(self, transport: str, engine: str, hop: str, loop: str, *extra: str) -> None:
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "inferwire.transports.serve",
-                "serve",
-                "--transport",
-                transport,
-                "--codec",
-                "protobuf",
-                "--no-metrics",
-                "--loop",
-                loop,
-                "--engine",
-                engine,
-                "--engine-codec",
-                hop,
-                "--allow-pickle",
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        line: list[str] = []
-        stdout = self.process.stdout
-        assert stdout is not None
-        reader = threading.Thread(target=lambda: line.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(WAIT_S)
-        match = _LISTENING.search(line[0]) if line else None
-        if match is None:
-            self.stop()
-            raise RuntimeError(f"the frontend did not start: {line!r}")
-        self.address = f"{match.group(1)}:{match.group(2)}"
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.stop()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(WAIT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self.process.wait(WAIT_S)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
+def frontend(transport: str, engine: str, hop: str, loop: str, *extra: str) -> ServerProcess:
+    """``inferwire serve --engine`` in a child process, started."""
+    options = ("--no-metrics", "--loop", loop, "--engine", engine, "--engine-codec", hop)
+    server = ServerProcess(
+        "serve",
+        "--transport",
+        transport,
+        "--codec",
+        "protobuf",
+        *options,
+        "--allow-pickle",
+        *extra,
+        stderr=subprocess.DEVNULL,
+    )
+    return server.start()
 
 
 @pytest.fixture
 def processes() -> Iterator[Callable[..., Any]]:
     """Starts engines (``engine(*options)``) and frontends (``frontend(...)``) that the
     test's end stops, whatever happened."""
-    started: list[EngineProcess | Frontend] = []
+    started: list[ChildProcess] = []
 
     def start(kind: str, *args: Any) -> Any:
         if kind == "engine":
-            made: EngineProcess | Frontend = EngineProcess(*args, stderr=subprocess.DEVNULL).start()
+            made: ChildProcess = EngineProcess(*args, stderr=subprocess.DEVNULL).start()
         else:
-            made = Frontend(*args)
+            made = frontend(*args)
         started.append(made)
         return made
 
     yield start
     for process in reversed(started):
-        if isinstance(process, Frontend):
-            process.kill()
-        else:
-            process.kill()
+        process.kill()
 
 
 def run(coro: Any, loop: str) -> Any:
@@ -261,7 +218,7 @@ def test_serve_refuses_pickle_unless_allowed(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "inferwire.transports.serve",
+            "inferwire.cli",
             "serve",
             "--transport",
             "tcp",
@@ -287,7 +244,7 @@ def test_serve_refuses_an_engine_of_another_codec(
         [
             sys.executable,
             "-m",
-            "inferwire.transports.serve",
+            "inferwire.cli",
             "serve",
             "--transport",
             "tcp",

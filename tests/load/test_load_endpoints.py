@@ -20,6 +20,8 @@ import orjson
 import pytest
 
 from inferwire.cli import main as cli
+from inferwire.codecs.errors import FrameTooLargeError
+from inferwire.codecs.framing import SseDecoder
 from inferwire.load import api_streams, endpoints, openloop, targets
 from inferwire.load.api_streams import (
     ApiChunk,
@@ -27,7 +29,6 @@ from inferwire.load.api_streams import (
     ServerStreamError,
     UsageMismatchError,
 )
-from inferwire.load.sse import SseError, SseEvent, SseReader
 from inferwire.transports import ConnectError, ProtocolError, StreamTruncatedError, server_process
 
 TINY = Path(__file__).with_name("tiny_openai_server.py")
@@ -41,7 +42,7 @@ class Prompt:
     max_tokens: int | None = None
 
 
-# -- the SSE reader ----------------------------------------------------------------------------
+# -- the SSE reader (the codecs' SseDecoder, as the API targets read any server's events) --------
 
 STREAM = (
     b"\xef\xbb\xbf: keep-alive\r\n\r\n"
@@ -50,40 +51,58 @@ STREAM = (
     b"data:three\r\rid: 4\nretry: 10\ndata: four\n\n"
     b"data: [DONE]\n\n"
 )
-EVENTS = [
-    SseEvent(b"one"),
-    SseEvent(b"two\nlines", "error"),
-    SseEvent(b"three"),
-    SseEvent(b"four"),
-    SseEvent(b"[DONE]"),
-]
+DATA = [b"one", b"two\nlines", b"three", b"four"]
+NAMED = [(b"error", b"two\nlines")]
+
+
+def _reader(max_event_bytes: int = 1 << 20) -> tuple[SseDecoder[bytes], list[tuple[bytes, bytes]]]:
+    named: list[tuple[bytes, bytes]] = []
+    reader = SseDecoder(
+        bytes, max_event_bytes, on_named_event=lambda name, data: named.append((name, data))
+    )
+    return reader, named
 
 
 def test_sse_reads_every_line_ending_comments_and_fields() -> None:
-    assert SseReader().feed(STREAM) == EVENTS
+    reader, named = _reader()
+    assert reader.feed(STREAM) == DATA
+    assert named == NAMED
+    assert reader.finished
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7])
 def test_sse_any_split_gives_the_same_events(size: int) -> None:
-    reader = SseReader()
+    reader, named = _reader()
     events = []
     for at in range(0, len(STREAM), size):
         events += reader.feed(STREAM[at : at + size])
-    assert events == EVENTS
+    assert events == DATA
+    assert named == NAMED
+    assert not reader.pending
+
+
+def test_sse_an_unfinished_event_is_pending() -> None:
+    reader, _ = _reader()
+    reader.feed(b"data: one\n\ndata: tw")
+    assert reader.pending
+    reader.feed(b"o\n")
+    assert reader.pending
+    assert reader.feed(b"\n") == [b"two"]
     assert not reader.pending
 
 
 def test_sse_bounds_a_line_that_never_ends() -> None:
-    reader = SseReader(max_event_bytes=1000)
+    reader, _ = _reader(max_event_bytes=1000)
     for _ in range(9):
         reader.feed(b"data: " + b"x" * 100)
-    with pytest.raises(SseError):
+    with pytest.raises(FrameTooLargeError):
         reader.feed(b"x" * 100)
 
 
 def test_sse_bounds_an_event_of_many_lines() -> None:
-    with pytest.raises(SseError):
-        SseReader(max_event_bytes=1000).feed((b"data: " + b"y" * 20 + b"\n") * 100)
+    reader, _ = _reader(max_event_bytes=1000)
+    with pytest.raises(FrameTooLargeError):
+        reader.feed((b"data: " + b"y" * 20 + b"\n") * 100)
 
 
 # -- the stream readers ------------------------------------------------------------------------

@@ -24,9 +24,11 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire._runtime import loops
+from inferwire.codecs.integrity import StreamVerifier
 from inferwire.transports.openai_api import ApiError, chat_request_body, parse_request
+from inferwire.transports.server_process import ServerProcess
 from inferwire.workloads import MODEL, token_stream_source
-from tests.helpers.faults import MESSAGES, ServerProcess, server_process, serving
+from tests.helpers.faults import MESSAGES, server_process, serving
 
 T = TypeVar("T")
 
@@ -613,11 +615,11 @@ def test_our_clients_stream_proves_itself(event_loop_kind: str, transport: str, 
         _post(transport, codec, orjson.loads(chat_request_body(request)), "text/event-stream"),
         event_loop_kind,
     )
-    decoder = ic.get(codec).stream_decoder()
+    decoder = ic.get(codec, extensions=True).stream_decoder()
     chunks = decoder.feed(response.content)
     decoder.close()
     assert chunks == expected("stream-16-top5")
-    verifier = ic.StreamVerifier(expected("stream-16-top5"))
+    verifier = StreamVerifier(expected("stream-16-top5"))
     for chunk in chunks:
         verifier.check(chunk)
     verifier.finish()
@@ -637,7 +639,7 @@ def test_a_binary_codec_server_speaks_json_to_the_sdk(event_loop_kind: str, tran
             check_completion(completion, expected(), "stop")
 
     run(go(), event_loop_kind)
-    codec = ic.get("protobuf")
+    codec = ic.get("protobuf", extensions=True)
     frames = run(
         _post(
             transport,

@@ -137,7 +137,7 @@ def assert_kserve_error_body(status: int, content_type: str, body: bytes, expect
 
 # -- 1. malformed requests ----------------------------------------------------------------
 
-_INFER_JSON = ic.get("orjson").encode(infer_request())
+_INFER_JSON = ic.get("orjson", extensions=True).encode(infer_request())
 _CHAT = "/v1/chat/completions"
 _COMPLETIONS = "/v1/completions"
 _INFER = "/v2/models/x/infer"
@@ -280,7 +280,7 @@ def test_http1_bad_request_keeps_the_connection_for_the_next() -> None:
             rest = data.split(b"\r\n\r\n", 1)[1][len(body) :]
             status, _, body = parse_http1_response(rest)
             assert status == 200
-            response = ic.get("orjson").decode(body, ic.InferResponse)
+            response = ic.get("orjson", extensions=True).decode(body, ic.InferResponse)
             assert response.outputs[0].data.tolist() == infer_request().inputs[0].data.tolist()
 
     asyncio.run(run())
@@ -377,7 +377,7 @@ async def _tcp_generate_on(reader: asyncio.StreamReader, writer: asyncio.StreamW
     writer.write(_tcp_frame(b"G", b'{"workload": "stream-16"}'))
     await writer.drain()
     assert await reader.readexactly(1) == b"\x00"
-    decoder = ic.get("orjson").stream_decoder()
+    decoder = ic.get("orjson", extensions=True).stream_decoder()
     received: list[ic.TokenChunk] = []
     while not decoder.finished:
         data = await reader.read(65536)
@@ -456,7 +456,7 @@ def test_server_killed_mid_stream_is_an_error(
                         async for _ in client.generate(it.GenerateRequest(workload=LONG)):
                             received += 1
                             if received == KILL_AFTER:
-                                child.process.kill()
+                                child.kill()
                 except it.TransportError as exc:
                     return received, exc
             return received, None
@@ -758,7 +758,7 @@ STREAM_CODECS = ("orjson", "protobuf", "delta")
 
 def cut_stream(codec: str, cut: str) -> tuple[bytes, int]:
     """A stream-16 stream in ``codec`` cut as ``cut`` says, and how many whole chunks it has."""
-    encoder = ic.get(codec).stream_encoder()
+    encoder = ic.get(codec, extensions=True).stream_encoder()
     frames = [encoder.encode(chunk) for chunk in expected_chunks("stream-16")]
     end = encoder.end()
     whole = b"".join(frames)
@@ -806,7 +806,7 @@ def test_tcp_end_marker_counting_more_chunks_than_sent_is_an_error() -> None:
     """A length-prefixed stream's end marker counts its chunks: one that skipped a chunk but
     ended properly is still caught."""
     chunks = expected_chunks("stream-16")
-    encoder = ic.get("protobuf").stream_encoder()
+    encoder = ic.get("protobuf", extensions=True).stream_encoder()
     frames = [encoder.encode(chunk) for chunk in chunks]
     stream = b"".join(frames[:3] + frames[4:]) + encoder.end()
 
@@ -834,7 +834,9 @@ HTTP1_ENDINGS = ("chunked-terminated", "chunked-cut", "content-length-short", "u
 
 
 def _http1_response(codec: str, stream: bytes, ending: str) -> bytes:
-    head = f"HTTP/1.1 200 OK\r\ncontent-type: {ic.get(codec).stream_media_type}\r\n"
+    head = (
+        f"HTTP/1.1 200 OK\r\ncontent-type: {ic.get(codec, extensions=True).stream_media_type}\r\n"
+    )
     if ending.startswith("chunked"):
         body = b"".join(b"%x\r\n%b\r\n" % (len(b), b) for b in (stream[:100], stream[100:]) if b)
         if ending == "chunked-terminated":
@@ -890,7 +892,7 @@ def _h2_fake(codec: str, stream: bytes, ending: str) -> Handler:
                 if isinstance(event, h2.events.StreamEnded):
                     stream_id = event.stream_id
             writer.write(conn.data_to_send())
-        media = ic.get(codec).stream_media_type
+        media = ic.get(codec, extensions=True).stream_media_type
         conn.send_headers(stream_id, [(":status", "200"), ("content-type", media)])
         for start in range(0, len(stream), 4096):
             conn.send_data(stream_id, stream[start : start + 4096])
@@ -935,7 +937,7 @@ def test_http2_truncated_stream_is_never_complete(ending: str, cut: str) -> None
 def test_grpc_stateful_stream_without_end_marker_is_truncated(cut: str) -> None:
     """A gRPC server that ends a ``delta`` stream with status OK but without the codec's end
     marker: the client must not take the OK for the stream's end."""
-    encoder = ic.get("delta").stream_encoder()
+    encoder = ic.get("delta", extensions=True).stream_encoder()
     frames = [encoder.encode(chunk) for chunk in expected_chunks("stream-16")]
     sent = frames[:3] if cut == "after-3-chunks" else frames
 
