@@ -13,6 +13,7 @@ from typing import Any
 
 from . import (
     advice,
+    answer,
     claims,
     codecs,
     connections,
@@ -142,7 +143,9 @@ def claim_rows(raw_dir: Path) -> list[list[str]]:
 
 def write(raw_path: Path, out_dir: Path) -> Path:
     """``out_dir``/README.md (and its plots) from the run whose codec results are ``raw_path``
-    (``raw/codecs.json``; the other suites' files beside it)."""
+    (``raw/codecs.json``; the other suites' files beside it), and the short answer in the
+    README.md beside ``out_dir`` when it has the answer's markers (the project's, for
+    ``results/``; :mod:`.answer`)."""
     results, raw = codec_results(raw_path)
     raw_dir = raw_path.parent
     _, transport_section = transports.render_parts(raw_dir / TRANSPORTS_RAW)
@@ -184,4 +187,5 @@ def write(raw_path: Path, out_dir: Path) -> Path:
             ),
         )
     )
+    answer.update(out_dir.parent / "README.md", raw_dir, out_dir)
     return target
