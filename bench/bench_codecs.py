@@ -105,7 +105,7 @@ def bench_codec(benchmark: Any, codec_name: str, workload: str, op: str) -> None
     (``--benchmark-compare``). The standard run deselects it (``-m "not standalone"``) and the
     report reads ``bench_codecs_interleaved`` instead: codecs timed in separate benchmarks
     drift apart with the machine, so no ratio between them is read from here."""
-    codec = ic.get(codec_name)
+    codec = ic.get(codec_name, extensions=True)
     messages = workloads.get(workload).messages()
     type_: type[Any] = type(messages[0])
     benchmark.group = f"codec {workload}"
@@ -344,7 +344,7 @@ def bench_delta_round_trip(benchmark: Any, workload: str, path: str) -> None:
         pytest.skip("the delta codec's C extension is not built, or INFERWIRE_PURE_PYTHON is set")
     messages = workloads.get(workload).messages()
     delta = ic.get("delta") if path == "accelerated" else ic.get("delta", pure_python=True)
-    orjson_codec = ic.get("orjson")
+    orjson_codec = ic.get("orjson", extensions=True)
 
     def stream_round_trip(codec: ic.Codec) -> list[Any]:
         encoder = codec.stream_encoder()
@@ -464,7 +464,7 @@ def bench_flatbuffers_encode(benchmark: Any, workload: str, baseline: str) -> No
     codecs = {
         "flatbuffers": ic.get("flatbuffers"),
         FLATBUFFERS_BUILDER: variants[FLATBUFFERS_BUILDER],
-        baseline: ic.get(baseline),
+        baseline: ic.get(baseline, extensions=True),
     }
     # protobuf's chunks are marshalled in C too: its upb path beside it, the comparison the
     # target was first set against (both encoders then compiled, or the library's own)

@@ -242,14 +242,14 @@ def bench_grpc_floor(benchmark: Any, grpc_env: _Env, codec: str) -> None:
     benchmark.group = "grpc per message vs floor"
     request = GenerateRequest(workload=WORKLOAD)
     expected = _expected(grpc_env, request)
-    prebuilt = grpc_floor.messages(ic.get(codec), expected)
+    prebuilt = grpc_floor.messages(ic.get(codec, extensions=True), expected)
     floor_call, encoded_call = grpc_env.client("floor", codec)
     rounds = _Rounds(
         grpc_env,
         {
             "ours": _chunks_of(grpc_env.client("grpc", codec), request),
             "floor": _messages_of(floor_call),
-            "codec-only": _decoded_of(encoded_call, ic.get(codec)),
+            "codec-only": _decoded_of(encoded_call, ic.get(codec, extensions=True)),
         },
     )
     quick = benchmark.disabled

@@ -229,7 +229,8 @@ def _tcp_floors(
     on asyncio over both on uvloop (``asyncio_vs_uvloop``), each a paired ratio; with the
     echo's byte counts, loops and whether every echo was whole."""
     expected = env.service.infer(SMALL_REQUEST)
-    request_bytes, response_bytes = infer_wire_bytes(ic.get(codec), SMALL_REQUEST, expected)
+    wire_codec = ic.get(codec, extensions=True)
+    request_bytes, response_bytes = infer_wire_bytes(wire_codec, SMALL_REQUEST, expected)
     echo, echo_process = env.echo(request_bytes, response_bytes)
 
     async def echoes() -> list[int]:
@@ -283,7 +284,7 @@ def bench_unary(benchmark: Any, bench_env: _Bench, transport: str, codec: str) -
         codec=codec,
         op="unary",
         calls=calls,
-        request_bytes=len(ic.get(codec).encode(SMALL_REQUEST)),
+        request_bytes=len(ic.get(codec, extensions=True).encode(SMALL_REQUEST)),
         vs_tcp=paired_ratio(subject, floor, pairs, min_sample_s=sample_s),
         pairs=pairs,
         correct=_unary_correct(responses),

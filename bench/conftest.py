@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 from inferwire._runtime.loops import LOOP_ENV, requested_loop
-from inferwire.bench.measure.calibration import Calibration
 from inferwire._runtime.versions import CORE_LIBRARIES, library_versions
+from inferwire.bench.measure.calibration import Calibration
 
 LIBRARIES = (*CORE_LIBRARIES, "pytest-benchmark", "uvloop")
 

@@ -4,6 +4,19 @@
     codec = ic.get("protobuf")
     data = codec.encode(chunk)
     chunk2 = codec.decode(data, ic.TokenChunk)
+    encoder = codec.stream_encoder()        # one stream: encoder.encode(chunk), encoder.end()
+
+The top level holds what a user of a codec needs: :func:`get`, :func:`names`,
+:func:`names_for`, the :class:`Codec` surface, the model types, and the error root with the
+errors a caller acts on. The rest is in submodules: the stream encoder and decoder protocols
+and framing in :mod:`.framing`, the stream checks (``StreamVerifier``) in :mod:`.integrity`,
+the schema registry in :mod:`.schema_registry`, every error in :mod:`.errors`, the decode
+limits in :mod:`.base`.
+
+The JSON codecs (``json``, ``orjson``, ``msgspec-json``) write OpenAI's chunk by default, the
+bytes an OpenAI-compatible server sends; ``get(name, extensions=True)`` adds inferwire's
+``seq`` and ``token_ids``, which a stream needs to prove itself whole (every binary codec
+carries them, and every codec takes the option).
 
 Each codec lives in a module of its own; adding one is adding a module and a line in
 ``_FACTORIES``. Codecs whose library is missing fail at :func:`get` with a message that says
@@ -16,33 +29,17 @@ import importlib
 from collections.abc import Callable
 from typing import Any, Final, cast
 
-from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS, Codec
+from .base import Codec
 from .errors import (
-    AlteredStreamError,
-    BadMagicError,
     CodecError,
-    CorruptRegistryError,
     DecodeError,
-    DepthLimitError,
-    DuplicateFrameError,
-    ElementBudgetError,
     EncodeError,
     FrameTooLargeError,
-    IncompatibleSchemaError,
     IncompleteStreamError,
-    ReorderedFrameError,
-    SchemaError,
-    SchemaRegistryUnavailableError,
-    SequenceError,
-    SequenceGapError,
     UnknownCodecError,
     UnknownSchemaError,
-    VerificationError,
 )
-from .framing import DEFAULT_MAX_FRAME_BYTES, BytesLike, StreamDecoder, StreamEncoder
-from .integrity import StreamVerifier
 from .model import (
-    DATATYPES,
     EmbeddingBatch,
     InferRequest,
     InferResponse,
@@ -53,52 +50,18 @@ from .model import (
     TopLogprob,
     Usage,
 )
-from .schema_registry import (
-    CachingResolver,
-    Compatibility,
-    RegisteredSchema,
-    Schema,
-    SchemaRegistry,
-    SchemaResolver,
-)
 
 __all__ = [
-    "DATATYPES",
-    "DEFAULT_MAX_DEPTH",
-    "DEFAULT_MAX_ELEMENTS",
-    "DEFAULT_MAX_FRAME_BYTES",
-    "AlteredStreamError",
-    "BadMagicError",
-    "BytesLike",
-    "CachingResolver",
     "Codec",
     "CodecError",
-    "Compatibility",
-    "CorruptRegistryError",
     "DecodeError",
-    "DepthLimitError",
-    "DuplicateFrameError",
-    "ElementBudgetError",
     "EmbeddingBatch",
     "EncodeError",
     "FrameTooLargeError",
-    "IncompatibleSchemaError",
     "IncompleteStreamError",
     "InferRequest",
     "InferResponse",
     "Message",
-    "RegisteredSchema",
-    "ReorderedFrameError",
-    "Schema",
-    "SchemaError",
-    "SchemaRegistry",
-    "SchemaRegistryUnavailableError",
-    "SchemaResolver",
-    "SequenceError",
-    "SequenceGapError",
-    "StreamDecoder",
-    "StreamEncoder",
-    "StreamVerifier",
     "Tensor",
     "TokenChunk",
     "TokenLogprob",
@@ -106,7 +69,6 @@ __all__ = [
     "UnknownCodecError",
     "UnknownSchemaError",
     "Usage",
-    "VerificationError",
     "get",
     "names",
     "names_for",
@@ -125,7 +87,10 @@ _FACTORIES: Final[dict[str, tuple[str, str]]] = {
     "tensor": ("tensor_codec", "TensorCodec"),
     "delta": ("delta_codec", "DeltaCodec"),
 }
-_instances: dict[str, Codec] = {}
+_instances: dict[object, Codec] = {}
+# Option values a cached codec may be keyed by: values that cannot change. An object (a
+# registry, a resolver) may, so a codec built with one is built anew each time.
+_PLAIN: Final = (str, int, float, bool, bytes, type(None))
 
 
 def names() -> list[str]:
@@ -146,16 +111,22 @@ def _codec_class(name: str) -> Callable[..., Codec]:
 
 
 def get(name: str, **options: Any) -> Codec:
-    """The codec registered as ``name``; with options (e.g. ``framing="ndjson"``), a new one.
+    """The codec registered as ``name``, built with ``options`` (e.g. ``framing="ndjson"``,
+    ``extensions=True``).
 
-    Raises :class:`UnknownCodecError` for a name that is not registered.
+    A codec never changes once built, so the same name and options give the same instance
+    (options of plain values: an option that is an object, such as a schema registry, gives
+    a new codec each call). Raises :class:`UnknownCodecError` for a name that is not
+    registered.
     """
-    if options:
-        return _codec_class(name)(**options)
-    codec = _instances.get(name)
-    if codec is None:
-        codec = _instances[name] = _codec_class(name)()
-    return codec
+    if all(type(value) in _PLAIN for value in options.values()):
+        # the type is part of the key: extensions=1 must not find the codec of extensions=True
+        key = (name, *sorted((k, type(v), v) for k, v in options.items()))
+        codec = _instances.get(key)
+        if codec is None:
+            codec = _instances[key] = _codec_class(name)(**options)
+        return codec
+    return _codec_class(name)(**options)
 
 
 def names_for(media_type: str) -> list[str]:

@@ -4,6 +4,22 @@ A codec turns model values (:mod:`inferwire.codecs.model`) into bytes and back. 
 sans-IO: a :class:`StreamEncoder` returns the bytes of one frame per chunk and the end marker
 from :meth:`StreamEncoder.end`; a :class:`StreamDecoder` takes bytes in any split and returns
 the chunks completed so far. No codec touches a socket.
+
+A codec is immutable once built (options are read by the constructor and never change), so
+:func:`inferwire.codecs.get` hands out one instance per name and options and any number of
+threads and streams share it; what holds a stream's state (a stream encoder or decoder, a
+:meth:`Codec.decode_function`) is made fresh for each stream and never shared.
+
+The codec API::
+
+    codec.name, codec.media_type, codec.stream_media_type, codec.types
+    codec.encode(message) -> bytes                  # one message
+    codec.decode(data, type_) -> message
+    codec.stream_encoder() -> StreamEncoder         # one stream: .encode(chunk), .end()
+    codec.stream_decoder(type_=None) -> StreamDecoder  # one stream: .feed(data), .close()
+    codec.message_encoder(), codec.message_decoder()   # a stream as whole messages (gRPC)
+    codec.decode_function(type_=None)               # one stream's one-message decode
+    codec.extensions                                # whether chunks carry seq, token_ids
 """
 
 from __future__ import annotations
@@ -21,8 +37,8 @@ from .framing import (
     MessageEncoder,
     StreamDecoder,
     StreamEncoder,
-    stream_decoder,
-    stream_encoder,
+    framed_decoder,
+    framed_encoder,
 )
 from .model import EmbeddingBatch, InferRequest, InferResponse, Message, TokenChunk
 
@@ -125,9 +141,23 @@ class Codec(ABC):
             )
         self.framing = framing
 
+    extensions: bool = True
+    """Whether a token chunk carries inferwire's fields (``seq``, ``token_ids``), which a
+    stream needs to prove itself whole (:mod:`inferwire.codecs.integrity`). Every binary codec
+    carries them; a JSON codec writes OpenAI's chunk unless built with ``extensions=True``.
+    Every codec takes the option: ``get(name, extensions=True)`` is inferwire's own stream for
+    any ``name``."""
+
+    def _use_extensions(self, extensions: bool) -> None:
+        """The ``extensions`` option of a codec that always carries inferwire's fields."""
+        if type(extensions) is not bool:
+            raise ValueError("extensions must be True or False")
+        if not extensions:
+            raise ValueError(f"codec {self.name!r} always carries inferwire's fields (extensions)")
+
     def stream_encoder(self) -> StreamEncoder:
         """A fresh encoder for one stream."""
-        return stream_encoder(self.framing, self.encode)
+        return framed_encoder(self.framing, self.encode)
 
     def stream_decoder(
         self,
@@ -137,10 +167,14 @@ class Codec(ABC):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> StreamDecoder[Any]:
         """A fresh decoder for one stream of ``type_`` messages (token chunks by default)."""
-        return stream_decoder(self.framing, self._decoder_of(type_), max_frame_bytes)
+        return framed_decoder(self.framing, self.decode_function(type_), max_frame_bytes)
 
-    def _decoder_of(self, type_: type[Any] | None) -> Callable[[BytesLike], Any]:
-        """:meth:`decode` of one message of ``type_`` (the stream type by default)."""
+    def decode_function(self, type_: type[Any] | None = None, /) -> Callable[[BytesLike], Any]:
+        """A fresh function that decodes one message of ``type_`` (the stream type by default)
+        from its bytes, for the frames of one stream: what :meth:`stream_decoder` calls once a
+        frame, to wrap in a framing of one's own (:func:`~inferwire.codecs.framing.framed_decoder`).
+        Make one per stream: a JSON codec without extensions numbers the chunks it reads by
+        their place in the stream."""
         message_type = self.default_stream_type if type_ is None else type_
         decode = self.decode
 
@@ -170,7 +204,7 @@ class Codec(ABC):
         time. Every limit of the codec holds, as for :meth:`decode`."""
         if self.stream_shape == "stateful":
             return self.stream_decoder(type_, max_frame_bytes=max_frame_bytes)
-        return MessageDecoder(self._decoder_of(type_), max_frame_bytes)
+        return MessageDecoder(self.decode_function(type_), max_frame_bytes)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

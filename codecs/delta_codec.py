@@ -137,8 +137,10 @@ class DeltaCodec(Codec):
         subject: str = SUBJECT,
         pure_python: bool = False,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
+        extensions: bool = True,
     ) -> None:
         check_limits(DEFAULT_MAX_DEPTH, max_elements)
+        self._use_extensions(extensions)
         self.max_elements = max_elements
         self.pure_python = pure_python
         self.registry = default_registry() if registry is None else registry

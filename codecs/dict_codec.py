@@ -55,27 +55,30 @@ class DictCodec(Codec):
         framing: Framing | None = None,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
-        extensions: bool = True,
+        extensions: bool | None = None,
     ) -> None:
+        """``extensions``: whether a token chunk carries inferwire's ``seq`` and
+        ``token_ids`` (:attr:`Codec.extensions`); None, the format's default: OpenAI's chunk
+        in JSON, everything in MessagePack (which cannot leave them out)."""
         self._use_framing(framing)
         self._scan, self._scan_above = limit_scan(self.binary, max_depth, max_elements)
         self.max_depth = max_depth
         self.max_elements = max_elements
-        self.extensions = oa.checked_extensions(self.name, self.binary, extensions)
+        self.extensions = carried = oa.checked_extensions(self.name, self.binary, extensions)
         self._decode_errors: tuple[type[BaseException], ...] = (*_FOREIGN, *self.decode_errors)
         binary = self.binary
         number = self._read_number = oa.finite_float if self.reads_infinity else oa.read_number
         self._to_obj: dict[type[Any], Callable[[Any], Any]] = {
-            TokenChunk: lambda m: oa.chunk_to_obj(m, binary=binary, extensions=extensions),
+            TokenChunk: lambda m: oa.chunk_to_obj(m, binary=binary, extensions=carried),
             EmbeddingBatch: lambda m: oa.embeddings_to_obj(m, binary=binary),
             InferRequest: lambda m: oa.request_to_obj(m, binary=binary),
             InferResponse: lambda m: oa.response_to_obj(m, binary=binary),
         }
         self._from_obj: dict[type[Any], Callable[[Any], Any]] = {
             TokenChunk: oa.chunk_from_obj
-            if extensions and number is oa.read_number
+            if carried and number is oa.read_number
             else functools.partial(
-                oa.chunk_from_obj, number=number, position=None if extensions else 0
+                oa.chunk_from_obj, number=number, position=None if carried else 0
             ),
             EmbeddingBatch: lambda o: oa.embeddings_from_obj(o, binary=binary),
             InferRequest: lambda o: oa.request_from_obj(o, binary=binary),
@@ -128,11 +131,11 @@ class DictCodec(Codec):
 
         return decode_one
 
-    def _decoder_of(self, type_: type[Any] | None) -> Callable[[BytesLike], Any]:
+    def decode_function(self, type_: type[Any] | None = None, /) -> Callable[[BytesLike], Any]:
         message_type = type_ or self.default_stream_type
         if self.extensions or message_type is not TokenChunk:
             decode_one = self._decoders.get(message_type)
-            return decode_one if decode_one is not None else super()._decoder_of(type_)
+            return decode_one if decode_one is not None else super().decode_function(type_)
         # chunks without inferwire's seq are numbered by their place in the stream
         positions = itertools.count()
         number = self._read_number

@@ -195,10 +195,12 @@ class FlatbuffersCodec(Codec):
         builder: FlatbuffersBuilder | None = None,
         max_items: int = DEFAULT_MAX_ITEMS,
         max_depth: int = DEFAULT_MAX_DEPTH,
+        extensions: bool = True,
     ) -> None:
         """``builder``: ``"compiled"`` (the C extension, with the reference as its fallback),
         ``"reference"`` (the official ``flatbuffers.Builder`` only), or None: compiled when
         the extension is built. The bytes are the same either way."""
+        self._use_extensions(extensions)
         if builder is None:
             builder = "compiled" if _accel is not None else "reference"
         if builder not in BUILDERS:

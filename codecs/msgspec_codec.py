@@ -2,9 +2,10 @@
 
 The Structs mirror :mod:`inferwire.codecs.openai` field for field, so ``msgspec-json`` writes
 the same OpenAI/KServe JSON as ``json`` (floats in msgspec's shortest form) and
-``msgspec-msgpack`` the same MessagePack as ``msgpack``. msgspec validates types while it
-decodes, so no separate check pass is needed. The token chunk's Structs, with inferwire's
-extensions and without, are in :mod:`.msgspec_chunks`.
+``msgspec-msgpack`` the same MessagePack as ``msgpack``, with the same ``extensions`` (OpenAI's
+chunk by default in JSON, inferwire's fields always in MessagePack). msgspec validates types
+while it decodes, so no separate check pass is needed. The token chunk's Structs, with
+inferwire's extensions and without, are in :mod:`.msgspec_chunks`.
 """
 
 from __future__ import annotations
@@ -125,14 +126,14 @@ def _tensor(s: TensorJsonS | TensorBinS, binary: bool) -> Tensor:
 class _MsgspecCodec(Codec):
     binary: ClassVar[bool]
 
-    def __init__(self, *, max_depth: int, max_elements: int, extensions: bool = True) -> None:
+    def __init__(self, *, max_depth: int, max_elements: int, extensions: bool | None) -> None:
         self._scan, self._scan_above = limit_scan(self.binary, max_depth, max_elements)
         self.max_depth = max_depth
         self.max_elements = max_elements
-        self.extensions = oa.checked_extensions(self.name, self.binary, extensions)
+        self.extensions = carried = oa.checked_extensions(self.name, self.binary, extensions)
         binary = self.binary
         self._to_struct: dict[type[Any], Any] = {
-            TokenChunk: lambda c: chunk_to_struct(c, binary=binary, extensions=extensions),
+            TokenChunk: lambda c: chunk_to_struct(c, binary=binary, extensions=carried),
             EmbeddingBatch: self._embeddings_struct,
             InferRequest: lambda r: (RequestBinS if binary else RequestJsonS)(
                 r.model, r.id, [_tensor_struct(t, binary) for t in r.inputs]
@@ -143,7 +144,7 @@ class _MsgspecCodec(Codec):
         }
         self._from_struct: dict[type[Any], tuple[type[Any], Any]] = {
             TokenChunk: (ChunkS, chunk_from_struct)
-            if extensions
+            if carried
             else (AnyChunkS, lambda s: chunk_from_any_struct(s, 0)),
             EmbeddingBatch: (EmbeddingsBinS if binary else EmbeddingsJsonS, self._embeddings),
             InferRequest: (
@@ -221,9 +222,9 @@ class _MsgspecCodec(Codec):
         except (msgspec.DecodeError, TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise DecodeError(f"{self.name}: {exc}") from exc
 
-    def _decoder_of(self, type_: type[Any] | None) -> Callable[[BytesLike], Any]:
+    def decode_function(self, type_: type[Any] | None = None, /) -> Callable[[BytesLike], Any]:
         if self.extensions or (type_ or self.default_stream_type) is not TokenChunk:
-            return super()._decoder_of(type_)
+            return super().decode_function(type_)
         # chunks without inferwire's seq are numbered by their place in the stream
         positions = itertools.count()
 
@@ -251,7 +252,7 @@ class MsgspecJsonCodec(_MsgspecCodec):
         framing: Framing | None = None,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
-        extensions: bool = True,
+        extensions: bool | None = None,
     ) -> None:
         self._use_framing(framing)
         self._encoder = msgspec.json.Encoder()
@@ -275,7 +276,7 @@ class MsgspecMsgpackCodec(_MsgspecCodec):
         *,
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
-        extensions: bool = True,
+        extensions: bool | None = None,
     ) -> None:
         self._encoder = msgspec.msgpack.Encoder()
         super().__init__(max_depth=max_depth, max_elements=max_elements, extensions=extensions)

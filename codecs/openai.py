@@ -4,14 +4,15 @@ Shared by the dict-based codecs (``json``, ``orjson``, ``msgpack``), so that eac
 encodes exactly what a client of such a server receives:
 
 - a :class:`TokenChunk` is an OpenAI ``chat.completion.chunk`` (``choices[0].delta.content``,
-  ``choices[0].logprobs.content[i].top_logprobs``, ``usage`` on the last chunk). With
-  ``extensions`` (the default), two fields OpenAI does not define ride along, as vLLM's
-  ``return_token_ids`` does: ``choices[0].token_ids`` and the top-level ``seq``, which a
-  stream needs to prove itself whole (:mod:`inferwire.codecs.integrity`); OpenAI clients
-  ignore unknown fields. Without, the chunk has exactly the fields vLLM sends (``logprobs``
-  included, ``null`` when absent, as vLLM and OpenAI write it), and reading one is tolerant of
-  what such a server leaves out: ``seq`` is then the chunk's place in its stream (0 read
-  alone), ``token_ids`` empty, a missing ``logprobs`` or ``content`` null or empty.
+  ``choices[0].logprobs.content[i].top_logprobs``, ``usage`` on the last chunk). By default
+  (``extensions=False`` in a JSON codec) the chunk has exactly the fields vLLM sends
+  (``logprobs`` included, ``null`` when absent, as vLLM and OpenAI write it), and reading one
+  is tolerant of what such a server leaves out: ``seq`` is then the chunk's place in its
+  stream (0 read alone), ``token_ids`` empty, a missing ``logprobs`` or ``content`` null or
+  empty. With ``extensions=True`` (always, in MessagePack), two fields OpenAI does not define
+  ride along, as vLLM's ``return_token_ids`` does: ``choices[0].token_ids`` and the top-level
+  ``seq``, which a stream needs to prove itself whole (:mod:`inferwire.codecs.integrity`);
+  OpenAI clients ignore unknown fields.
 - an :class:`EmbeddingBatch` is an OpenAI embeddings response (``data[i].embedding``); with
   ``binary=True`` each row is its raw float32 bytes (as ``encoding_format="base64"`` carries
   them, without the base64).
@@ -163,9 +164,12 @@ read_number: Final = _float
 """How a logprob is read by a parser that never yields an infinity."""
 
 
-def checked_extensions(codec: str, binary: bool, extensions: bool) -> bool:
+def checked_extensions(codec: str, binary: bool, extensions: bool | None) -> bool:
     """``extensions`` of a codec's constructor: only the JSON codecs can leave inferwire's
-    fields out (OpenAI's wire is JSON; a binary stream is inferwire's own and carries all)."""
+    fields out (OpenAI's wire is JSON; a binary stream is inferwire's own and carries all).
+    None is the format's default: OpenAI's chunk in JSON, everything in a binary format."""
+    if extensions is None:
+        return binary
     if type(extensions) is not bool:
         raise ValueError("extensions must be True or False")
     if binary and not extensions:

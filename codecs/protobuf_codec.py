@@ -363,13 +363,18 @@ class ProtobufCodec(Codec):
     stream_media_type: ClassVar[str] = "application/vnd.inferwire.frames+protobuf"
 
     def __init__(
-        self, *, marshal: ProtobufMarshal | None = None, max_elements: int = DEFAULT_MAX_ELEMENTS
+        self,
+        *,
+        marshal: ProtobufMarshal | None = None,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+        extensions: bool = True,
     ) -> None:
         """``marshal``: how token chunks become bytes and back, ``"compiled"`` (the C
         extension, with upb's path as its fallback), ``"upb"`` (through upb's messages only),
         or None: compiled when the extension is built. The bytes and values are the same either
         way; other messages always go through upb's."""
         check_limits(DEFAULT_MAX_DEPTH, max_elements)
+        self._use_extensions(extensions)
         if marshal is None:
             marshal = "compiled" if _accel is not None else "upb"
         if marshal not in MARSHALS:
@@ -450,13 +455,13 @@ class ProtobufCodec(Codec):
 
         return decode_chunk
 
-    def _decoder_of(self, type_: type[Any] | None) -> Callable[[BytesLike], Any]:
+    def decode_function(self, type_: type[Any] | None = None, /) -> Callable[[BytesLike], Any]:
         """A stream's one-message decoder (a fresh one per stream: see ``reuse``)."""
         message_type = self.default_stream_type if type_ is None else type_
         if message_type is TokenChunk:
             return self._one_decoder(TokenChunk, reuse=True)
         decode_one = self._decoders.get(message_type)
-        return decode_one if decode_one is not None else super()._decoder_of(type_)
+        return decode_one if decode_one is not None else super().decode_function(type_)
 
     def message_encoder(self) -> StreamEncoder:
         return _ChunkMessages(self)

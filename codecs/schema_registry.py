@@ -124,7 +124,7 @@ class RegisteredSchema:
 
 class SchemaResolver(Protocol):
     """Finds a schema by id: :class:`UnknownSchemaError` if there is none,
-    :class:`~inferwire.codecs.SchemaRegistryUnavailableError` if it cannot tell right now."""
+    :class:`~inferwire.codecs.errors.SchemaRegistryUnavailableError` if it cannot tell right now."""
 
     def resolve(self, schema_id: int, /) -> Schema: ...
 

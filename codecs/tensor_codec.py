@@ -161,9 +161,14 @@ class TensorCodec(Codec):
     default_stream_type: ClassVar[type[Any]] = InferResponse
 
     def __init__(
-        self, *, max_depth: int = DEFAULT_MAX_DEPTH, max_elements: int = DEFAULT_MAX_ELEMENTS
+        self,
+        *,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
+        extensions: bool = True,
     ) -> None:
         check_limits(max_depth, max_elements)
+        self._use_extensions(extensions)
         self.max_depth = max_depth
         self.max_elements = max_elements
 

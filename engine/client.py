@@ -46,6 +46,7 @@ import zmq
 import zmq.asyncio
 
 import inferwire.codecs as ic
+from inferwire.codecs.framing import StreamDecoder
 
 from . import hop
 from .loop import SOCKET_HWM, configure
@@ -78,7 +79,7 @@ class EngineStream:
     def __init__(self, client: EngineClient, request: hop.Add) -> None:
         self._client = client
         self.request = request
-        self.decoder: ic.StreamDecoder[ic.TokenChunk] = client.codec.stream_decoder(
+        self.decoder: StreamDecoder[ic.TokenChunk] = client.codec.stream_decoder(
             max_frame_bytes=hop.MAX_PART_BYTES
         )
         self._chunks: deque[ic.TokenChunk] = deque()

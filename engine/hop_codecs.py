@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Final, TypeVar
 
 import inferwire.codecs as ic
 from inferwire.codecs.base import Codec
+from inferwire.codecs.framing import BytesLike
 
 from .hop import HopRefusedError
 
@@ -44,7 +45,7 @@ class PickleCodec(Codec):
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise ic.EncodeError(f"pickle: {exc}") from exc
 
-    def decode(self, data: ic.BytesLike, type_: type[M], /) -> M:
+    def decode(self, data: BytesLike, type_: type[M], /) -> M:
         try:
             message = pickle.loads(data)
         except Exception as exc:  # anything: unpickling runs arbitrary constructors
@@ -71,7 +72,8 @@ def hop_codec(name: str, *, allow_pickle: bool = False) -> Codec:
                 "peers you trust"
             )
         return PickleCodec()
-    codec = ic.get(name)
+    # inferwire's fields (seq, token ids) cross the hop: the frontend's clients check them
+    codec = ic.get(name, extensions=True)
     if ic.TokenChunk not in codec.types:
         raise HopRefusedError(f"codec {name!r} does not carry token chunks")
     return codec

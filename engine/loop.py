@@ -47,6 +47,7 @@ from typing import Any, Final
 import zmq
 
 import inferwire.codecs as ic
+from inferwire.codecs.framing import StreamEncoder
 from inferwire.workloads import cut_stream, token_stream_source
 
 from . import hop
@@ -83,7 +84,7 @@ class _Request:
     frontend: _Frontend
     rid: str
     key: str
-    encoder: ic.StreamEncoder
+    encoder: StreamEncoder
     want_times: bool
     paused_by_frontend: bool = False
     next_index: int = 0

@@ -63,7 +63,7 @@ def codec_inputs_report(seed: int = 0, per_codec: int = 2000) -> list[dict[str, 
     and the fixed inputs of the other kinds (see :func:`inferwire.workloads.hostile.bad_inputs`)."""
     rows: list[dict[str, Any]] = []
     for name in ic.names():
-        codec = ic.get(name)
+        codec = ic.get(name, extensions=True)
         for batch in hostile.bad_inputs(name, codec, seed, per_codec):
             tally = _Tally()
             for item in batch.inputs:

@@ -28,6 +28,7 @@ from hdrh.histogram import HdrHistogram  # type: ignore[import-untyped, unused-i
 
 import inferwire.codecs as ic
 from inferwire._runtime.versions import CORE_LIBRARIES, library_versions
+from inferwire.codecs.errors import DuplicateFrameError, ReorderedFrameError, SequenceGapError
 from inferwire.codecs.integrity import AlteredStreamError
 from inferwire.transports import StreamTruncatedError, TransportError
 
@@ -52,9 +53,9 @@ P99 to P99.999 (a latency CDF is read on a log scale near 1)."""
 UNFINISHED: Final = "Unfinished"
 """The error name of a request still running when the run's drain timeout ran out."""
 INTEGRITY_KINDS: Final[tuple[tuple[str, tuple[type[BaseException], ...]], ...]] = (
-    ("lost", (ic.SequenceGapError,)),
-    ("duplicated", (ic.DuplicateFrameError,)),
-    ("reordered", (ic.ReorderedFrameError,)),
+    ("lost", (SequenceGapError,)),
+    ("duplicated", (DuplicateFrameError,)),
+    ("reordered", (ReorderedFrameError,)),
     ("truncated", (StreamTruncatedError, ic.IncompleteStreamError)),
     ("altered", (AlteredStreamError,)),
 )

@@ -50,13 +50,13 @@ from .negotiation import (
 )
 from .request import ChatCompletionRequest, ChatMessage, StreamOptions
 from .stream import (
-    ChunkReader,
+    ResponseStreamReader,
     UsageAsOpenAI,
     error_body,
     error_of,
     reader_for,
+    response_encoder,
     stream_body,
-    stream_encoder,
 )
 
 __all__ = [
@@ -68,10 +68,10 @@ __all__ = [
     "ChatMessage",
     "ChunkBuilder",
     "ChunkBuilderError",
-    "ChunkReader",
     "NotAcceptableError",
     "RequestError",
     "ResponseError",
+    "ResponseStreamReader",
     "ServingError",
     "StreamOptions",
     "UsageAsOpenAI",
@@ -83,8 +83,8 @@ __all__ = [
     "parse_accept",
     "quality",
     "reader_for",
+    "response_encoder",
     "stream_body",
-    "stream_encoder",
     "stream_quality",
 ]
 

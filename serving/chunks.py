@@ -9,7 +9,7 @@ Every chunk of a response shares its ``id`` (``chatcmpl-`` and a random hex, as 
 it), ``created`` (seconds since the epoch) and ``model``; ``seq`` counts the chunks from 0.
 Only the last chunk carries ``finish_reason``, and ``usage`` too when the request asked for it
 (``stream_options.include_usage``): the response helpers then write it as OpenAI does, in a
-chunk of its own with ``"choices": []`` (:func:`inferwire.serving.stream_encoder`).
+chunk of its own with ``"choices": []`` (:func:`inferwire.serving.response_encoder`).
 """
 
 from __future__ import annotations

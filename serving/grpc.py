@@ -12,7 +12,9 @@ stream token chunks (or carry tensors) in the codec of its choice.
         response_deserializer=deserialize)
 
 Each message is one whole message of the codec (:meth:`~inferwire.codecs.Codec.encode`), read
-alone, with every decode limit of the codec; a bad message raises its
+alone, with every decode limit of the codec (a codec named here carries inferwire's
+extensions, ``seq`` and ``token_ids``: a JSON chunk read alone has no other way to say its
+place in the stream; pass ``ic.get(name)`` for OpenAI's chunk); a bad message raises its
 :class:`~inferwire.codecs.DecodeError`, which grpcio reports as the call's failure. ``delta``
 works too, each message with its own header: its savings come from a stream's frames, which a
 transport that keeps state per call carries instead (``codec.message_encoder()``, as
@@ -38,7 +40,8 @@ __all__ = [
 
 
 def _codec(codec: str | ic.Codec) -> ic.Codec:
-    return ic.get(codec) if isinstance(codec, str) else codec
+    # each message is read alone: a JSON chunk without inferwire's seq could not say its place
+    return ic.get(codec, extensions=True) if isinstance(codec, str) else codec
 
 
 def serializer(codec: str | ic.Codec) -> Callable[[ic.Message], bytes]:

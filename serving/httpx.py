@@ -28,9 +28,10 @@ except ImportError as exc:  # pragma: no cover - the message names the extra
 import orjson
 
 import inferwire.codecs as ic
+from inferwire.codecs.framing import DEFAULT_MAX_FRAME_BYTES
 
 from .errors import ResponseError
-from .stream import ChunkReader, reader_for
+from .stream import ResponseStreamReader, reader_for
 
 __all__ = ["accept", "aiter_chunks", "iter_chunks"]
 
@@ -65,7 +66,7 @@ def _error(response: httpx.Response, body: bytes) -> ResponseError:
 
 def _reader(
     response: httpx.Response, codec: str | ic.Codec | None, max_frame_bytes: int
-) -> ChunkReader:
+) -> ResponseStreamReader:
     return reader_for(
         response.headers.get("content-type", ""), codec, max_frame_bytes=max_frame_bytes
     )
@@ -79,7 +80,7 @@ async def aiter_chunks(
     response: httpx.Response,
     codec: str | ic.Codec | None = None,
     *,
-    max_frame_bytes: int = ic.DEFAULT_MAX_FRAME_BYTES,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
 ) -> AsyncIterator[ic.TokenChunk]:
     """The chunks of a streaming response (``AsyncClient.stream``), decoded as its content
     type says (by ``codec`` when it streams that type); see the module docstring."""
@@ -99,7 +100,7 @@ def iter_chunks(
     response: httpx.Response,
     codec: str | ic.Codec | None = None,
     *,
-    max_frame_bytes: int = ic.DEFAULT_MAX_FRAME_BYTES,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
 ) -> Iterator[ic.TokenChunk]:
     """:func:`aiter_chunks` for a ``Client.stream`` response."""
     if response.status_code >= 400:

@@ -57,7 +57,7 @@ def templated(codec: ic.Codec) -> Callable[[ic.TokenChunk], bytes]:
     template follows the response's fixed fields), from a template where it can be."""
     encode = codec.encode
     text = STRING_ENCODERS.get(codec.name)
-    if text is None or getattr(codec, "extensions", True):
+    if text is None or codec.extensions:
         return encode
     string = text
     template: Template = None

@@ -1,7 +1,7 @@
 """A token stream's bytes for any codec, both ends, framework-free (sans-IO): what the
 Starlette, aiohttp and httpx helpers wrap.
 
-Server side, :func:`stream_encoder` chooses the writer from the codec:
+Server side, :func:`response_encoder` chooses the writer from the codec:
 
 - a JSON codec (``json``, ``orjson``, ``msgspec-json``) writes OpenAI's stream, the bytes
   vLLM sends: ``chat.completion.chunk`` events (``data: {...}``, no field of inferwire's own),
@@ -9,12 +9,14 @@ Server side, :func:`stream_encoder` chooses the writer from the codec:
   (:class:`~inferwire.serving.ChunkBuilder` with ``include_usage``), a chunk of its own with
   ``"choices": []`` and the usage, and ``data: [DONE]``. With ``extensions=True``, inferwire's
   own JSON instead (``seq``, ``token_ids``, usage on the last chunk: what
-  :class:`~inferwire.codecs.StreamVerifier` checks);
+  :class:`~inferwire.codecs.integrity.StreamVerifier` checks), whatever the codec's own
+  ``extensions`` option;
 - a binary codec writes its own stream: length-prefixed frames (or ``delta``'s), ending with
   its end marker, every field carried.
 
-Client side, :class:`ChunkReader` reads either, chosen by the response's content type: bytes
-in any split in, chunks out, and :meth:`ChunkReader.close` raises the codec's
+Client side, :class:`ResponseStreamReader` reads either, chosen by the response's content
+type: bytes in any split in, chunks out, and :meth:`ResponseStreamReader.close` raises the
+codec's
 :class:`~inferwire.codecs.IncompleteStreamError` for a stream cut short. OpenAI's usage-only
 chunk becomes a chunk with no text and no tokens that carries the usage, as the OpenAI SDK
 yields a chunk with no choices.
@@ -22,7 +24,6 @@ yields a chunk with no choices.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
 from dataclasses import replace
 from typing import Any, Final
@@ -31,8 +32,15 @@ import orjson
 
 import inferwire.codecs as ic
 from inferwire.codecs import openai as oa
-from inferwire.codecs.framing import Framing, stream_decoder
-from inferwire.codecs.framing import stream_encoder as framed
+from inferwire.codecs.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    BytesLike,
+    Framing,
+    StreamDecoder,
+    StreamEncoder,
+    framed_decoder,
+    framed_encoder,
+)
 
 from .coalesce import Ready
 from .errors import ResponseError, ServingError
@@ -40,29 +48,36 @@ from .negotiation import DEFAULT_OFFERS, JSON, is_json
 from .openai_events import templated
 
 __all__ = [
-    "ChunkReader",
+    "ResponseStreamReader",
     "UsageAsOpenAI",
     "error_body",
     "error_of",
     "reader_for",
+    "response_encoder",
     "stream_body",
-    "stream_encoder",
 ]
 
 USAGE_CHUNK_CHOICES: Final = b'"choices":[]'
 
 
-@functools.lru_cache(maxsize=32)
 def _openai_codec(name: str, framing: Framing) -> ic.Codec:
     """The JSON codec ``name`` that writes (and reads) OpenAI's chunks, without extensions."""
     return ic.get(name, framing=framing, extensions=False)
 
 
-def usage_chunk(chunk: ic.TokenChunk, usage: ic.Usage) -> dict[str, Any]:
-    """OpenAI's last chunk of ``stream_options.include_usage``: no choices, the usage."""
+def usage_chunk(
+    chunk: ic.TokenChunk,
+    usage: ic.Usage,
+    *,
+    object_: str = oa.CHUNK_OBJECT,
+    id_: str | None = None,
+) -> dict[str, Any]:
+    """OpenAI's last chunk of ``stream_options.include_usage``: no choices, the usage of the
+    whole request; a chat chunk unless ``object_`` (and ``id_``) say otherwise (a legacy
+    ``text_completion``)."""
     return {
-        "id": chunk.id,
-        "object": oa.CHUNK_OBJECT,
+        "id": chunk.id if id_ is None else id_,
+        "object": object_,
         "created": chunk.created,
         "model": chunk.model,
         "choices": [],
@@ -81,7 +96,7 @@ class UsageAsOpenAI:
     __slots__ = ("_encode", "_end", "_objects", "include_usage")
 
     def __init__(
-        self, chunks: ic.StreamEncoder, objects: ic.StreamEncoder, *, include_usage: bool = True
+        self, chunks: StreamEncoder, objects: StreamEncoder, *, include_usage: bool = True
     ) -> None:
         self._encode = chunks.encode
         self._end = chunks.end
@@ -101,16 +116,20 @@ class UsageAsOpenAI:
         return self._end()
 
 
-def stream_encoder(codec: ic.Codec, *, extensions: bool = False) -> ic.StreamEncoder:
+def response_encoder(codec: ic.Codec, *, extensions: bool = False) -> StreamEncoder:
     """A fresh encoder of one response's token stream in ``codec`` (see the module
-    docstring); ``extensions`` only changes what a JSON codec writes."""
+    docstring): a binary codec's own stream; for a JSON codec, OpenAI's events with usage
+    where OpenAI puts it, or with ``extensions`` inferwire's (the codec's own ``extensions``
+    option aside: a response says which it is)."""
     if ic.TokenChunk not in codec.types:
         raise ValueError(f"codec {codec.name!r} does not carry token streams")
-    if not is_json(codec) or extensions:
+    if not is_json(codec):
         return codec.stream_encoder()
+    if extensions:
+        return ic.get(codec.name, framing=codec.framing, extensions=True).stream_encoder()
     openai_codec = _openai_codec(codec.name, codec.framing)
-    chunks = framed(codec.framing, templated(openai_codec))
-    return UsageAsOpenAI(chunks, framed(codec.framing, orjson.dumps))
+    chunks = framed_encoder(codec.framing, templated(openai_codec))
+    return UsageAsOpenAI(chunks, framed_encoder(codec.framing, orjson.dumps))
 
 
 COALESCE: Final = 32
@@ -132,7 +151,7 @@ async def stream_body(
     bytes are the same either way; a piece is one write of the framework."""
     if type(coalesce) is not int or coalesce < 1:
         raise ValueError("coalesce must be a positive integer")
-    encoder = stream_encoder(codec, extensions=extensions)
+    encoder = response_encoder(codec, extensions=extensions)
     encode = encoder.encode
     if not isinstance(chunks, AsyncIterable):
         pending: list[bytes] = []
@@ -180,24 +199,23 @@ def _media(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
 
-class ChunkReader:
-    """Sans-IO reader of one response's token stream (see the module docstring): the
-    codec's stream decoder, and OpenAI's usage-only chunk read as well."""
+class ResponseStreamReader:
+    """Sans-IO reader of one HTTP response's token stream, from any server (see the module
+    docstring): the codec's stream decoder, and OpenAI's usage-only chunk read as well."""
 
     __slots__ = ("_decoder", "codec")
 
-    def __init__(self, codec: ic.Codec, *, max_frame_bytes: int = ic.DEFAULT_MAX_FRAME_BYTES):
+    def __init__(self, codec: ic.Codec, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
         if ic.TokenChunk not in codec.types:
             raise ValueError(f"codec {codec.name!r} does not carry token streams")
         self.codec = codec
-        self._decoder: ic.StreamDecoder[ic.TokenChunk]
+        self._decoder: StreamDecoder[ic.TokenChunk]
         if is_json(codec):
             # read tolerantly (a chunk as any OpenAI-compatible server writes it, seq its
             # place in the stream), through the codec's own limits
             tolerant = _openai_codec(codec.name, codec.framing)
-            self._decoder = stream_decoder(
-                codec.framing, _usage_tolerant(tolerant._decoder_of(ic.TokenChunk)), max_frame_bytes
-            )
+            decode = _usage_tolerant(tolerant.decode_function(ic.TokenChunk))
+            self._decoder = framed_decoder(codec.framing, decode, max_frame_bytes)
         else:
             self._decoder = codec.stream_decoder(max_frame_bytes=max_frame_bytes)
 
@@ -206,7 +224,7 @@ class ChunkReader:
         """Whether the stream's end marker has been read."""
         return self._decoder.finished
 
-    def feed(self, data: ic.BytesLike) -> list[ic.TokenChunk]:
+    def feed(self, data: BytesLike) -> list[ic.TokenChunk]:
         """The chunks completed by ``data``. Raises :class:`~inferwire.codecs.DecodeError`."""
         return self._decoder.feed(data)
 
@@ -217,7 +235,7 @@ class ChunkReader:
 
 
 def _usage_tolerant(
-    decode: Callable[[ic.BytesLike], ic.TokenChunk],
+    decode: Callable[[BytesLike], ic.TokenChunk],
 ) -> Callable[[bytes], ic.TokenChunk]:
     """``decode``, and OpenAI's usage-only chunk as a chunk with no text and no tokens."""
     previous: list[ic.TokenChunk] = []
@@ -267,8 +285,8 @@ def reader_for(
     content_type: str,
     codec: str | ic.Codec | None = None,
     *,
-    max_frame_bytes: int = ic.DEFAULT_MAX_FRAME_BYTES,
-) -> ChunkReader:
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+) -> ResponseStreamReader:
     """The reader of a response whose ``Content-Type`` is ``content_type``: ``codec`` if its
     stream is of that type, else the codec registered for it (for JSON events, ``orjson``).
     Raises :class:`ResponseError` for a type no codec streams (a non-streamed
@@ -286,4 +304,4 @@ def reader_for(
                 content_type=content_type,
             )
         chosen = ic.get(names[0])
-    return ChunkReader(chosen, max_frame_bytes=max_frame_bytes)
+    return ResponseStreamReader(chosen, max_frame_bytes=max_frame_bytes)

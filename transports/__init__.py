@@ -22,7 +22,7 @@ from inferwire._runtime.arguments import split_address
 from inferwire._runtime.extras import MissingExtraError, needs_extras
 
 from .base import Client, Server
-from .common import DEFAULT_LIMITS, DEFAULT_MAX_MESSAGE_BYTES, Limits
+from .common import DEFAULT_LIMITS, DEFAULT_MAX_MESSAGE_BYTES, Limits, resolve_codec
 from .errors import (
     BadRequestError,
     CancelledByPeerError,
@@ -108,8 +108,9 @@ def connect(
 ) -> Client:
     """A client for the server at ``address`` (``host:port`` or a tuple). Connections open on
     first use; ``options`` go to the transport's client (e.g. ``new_connection_per_request``
-    for http1, ``deadline_s`` for grpc)."""
+    for http1, ``deadline_s`` for grpc). A codec named here speaks inferwire's stream (a JSON
+    codec with ``extensions=True``), as ``inferwire serve`` does; a codec object as it is."""
     host, port = split_address(address) if isinstance(address, str) else address
-    resolved = ic.get(codec) if isinstance(codec, str) else codec
+    resolved = resolve_codec(codec)
     cls = client_class(transport)
     return cls(host, port, resolved, tls=tls, limits=limits, **options)

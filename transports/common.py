@@ -45,23 +45,14 @@ DEFAULT_LIMITS: Final = Limits()
 
 
 def resolve_codec(codec: str | ic.Codec) -> ic.Codec:
-    return ic.get(codec) if isinstance(codec, str) else codec
-
-
-def error_body(
-    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
-) -> bytes:
-    """An error answer in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``,
-    with the HTTP status as ``code``, as vLLM writes it (``param``: the request field at fault,
-    if one is)."""
-    return orjson.dumps(
-        {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    )
+    """The codec a transport's server or client speaks: ``codec``, or the one registered by
+    that name with inferwire's extensions, the stream its clients check (seq, token ids)."""
+    return ic.get(codec, extensions=True) if isinstance(codec, str) else codec
 
 
 def error_detail(body: bytes) -> str:
-    """The message of an :func:`error_body` or of the Open Inference Protocol's error object
-    (``{"error": "..."}``), or the body itself if it is neither."""
+    """The message of an :func:`~inferwire.serving.error_body` or of the Open Inference
+    Protocol's error object (``{"error": "..."}``), or the body itself if it is neither."""
     try:
         obj = orjson.loads(body)
         error = obj["error"]

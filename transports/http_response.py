@@ -1,6 +1,6 @@
 """What an HTTP route answers, for the HTTP/1.1 and HTTP/2 servers alike: a status, a content
 type, and a body that is either bytes or an async iterator of frames (sans-IO: the servers
-write it); errors are OpenAI's error object (:func:`~inferwire.transports.common.error_body`).
+write it); errors are OpenAI's error object (:func:`~inferwire.serving.error_body`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from .common import error_body
+from inferwire.serving import error_body
+
 from .timing import ServerStamps
 
 if TYPE_CHECKING:

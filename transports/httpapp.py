@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Final
 import orjson
 
 import inferwire.codecs as ic
+from inferwire.codecs.schema_registry import SchemaRegistry
 
 from .http_response import JSON as _JSON
 from .http_response import Response, error
@@ -61,7 +62,7 @@ class HttpApp:
         service: SimulatedService,
         codec: ic.Codec,
         *,
-        registry: ic.SchemaRegistry | None = None,
+        registry: SchemaRegistry | None = None,
         metrics: ServerMetrics | None = None,
         tracer: Tracer | None = None,
     ) -> None:

@@ -53,6 +53,7 @@ import orjson
 
 import inferwire.codecs as ic
 from inferwire.codecs import kserve
+from inferwire.codecs.base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS
 
 from . import kserve_generate
 from .errors import BadRequestError
@@ -107,7 +108,9 @@ def model_metadata(name: str) -> dict[str, Any]:
     }
 
 
-def error(status: int, message: str, headers: list[tuple[str, str]] | None = None) -> Response:
+def kserve_error(
+    status: int, message: str, headers: list[tuple[str, str]] | None = None
+) -> Response:
     """The protocol's error object, ``{"error": $string}``."""
     return Response(status, _JSON, orjson.dumps({"error": message}), headers=headers or [])
 
@@ -119,7 +122,7 @@ def _media(value: str) -> str:
 def _method(method: str, allowed: str) -> Response | None:
     if method == allowed:
         return None
-    return error(405, f"use {allowed}", [("allow", allowed)])
+    return kserve_error(405, f"use {allowed}", [("allow", allowed)])
 
 
 def _json_length(headers: Mapping[str, str]) -> int | None:
@@ -171,8 +174,8 @@ class KServeHttp:
         service: SimulatedService,
         codec: ic.Codec,
         *,
-        max_depth: int = ic.DEFAULT_MAX_DEPTH,
-        max_elements: int = ic.DEFAULT_MAX_ELEMENTS,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_elements: int = DEFAULT_MAX_ELEMENTS,
         metrics: ServerMetrics | None = None,
     ) -> None:
         self.service = service
@@ -202,10 +205,10 @@ class KServeHttp:
             return _method(method, "GET") or Response(200, _JSON, orjson.dumps(server_metadata()))
         match = _MODEL_PATH.fullmatch(path)
         if match is None:
-            return error(404, f"no route {path}"[:300])
+            return kserve_error(404, f"no route {path}"[:300])
         model, version, action = match.groups()
         if version is not None and version != MODEL_VERSION:
-            return error(
+            return kserve_error(
                 404, f"model {model!r} has no version {version!r}; it has {MODEL_VERSION!r}"
             )
         if action == "/infer":
@@ -231,13 +234,15 @@ class KServeHttp:
     def _infer(self, model: str, headers: Mapping[str, str], body: bytes) -> Response:
         encoding = headers.get("content-encoding", "identity").strip().lower()
         if encoding != "identity":
-            return error(415, f"content-encoding {encoding!r} is not read: send the body as is")
+            return kserve_error(
+                415, f"content-encoding {encoding!r} is not read: send the body as is"
+            )
         media = _media(headers.get("content-type", ""))
         if media == self._codec_media:
             return self._infer_codec(model, body)
         if media not in _PROTOCOL_MEDIA:
             mine = f", or {self._codec_media} (this server's codec)" if self._codec_media else ""
-            return error(
+            return kserve_error(
                 415,
                 f"infer reads the protocol's JSON (application/json, or application/octet-stream "
                 f"with binary tensor data){mine}, not {media!r}",
@@ -258,7 +263,7 @@ class KServeHttp:
                 model_version=MODEL_VERSION,
             )
         except (ic.CodecError, BadRequestError) as exc:
-            return error(400, str(exc))
+            return kserve_error(400, str(exc))
         if json_length is None:
             return Response(200, _JSON, b"".join(parts))
         return Response(200, _BINARY, b"".join(parts), headers=[(HEADER_LENGTH, str(json_length))])
@@ -270,5 +275,5 @@ class KServeHttp:
                 raise BadRequestError(f"the path names model {model!r}, the body {request.model!r}")
             payload = self.codec.encode(self.service.infer(request))
         except (ic.CodecError, BadRequestError) as exc:
-            return error(400, str(exc))
+            return kserve_error(400, str(exc))
         return Response(200, self.codec.media_type, payload)

@@ -26,12 +26,13 @@ Usage, by default, is where OpenAI puts it: nowhere, or with ``stream_options:
 then what vLLM sends: no field of inferwire's own.
 
 inferwire's extensions: a request with ``"inferwire": {"extensions": true}`` gets inferwire's
-stream instead, the one its clients verify (:class:`~inferwire.codecs.StreamVerifier`): each
-chunk carries ``seq`` and ``choices[0].token_ids``, and the chunk with ``finish_reason``
-carries ``usage``, the end marker whose token count proves the stream whole.
-``stream_options.include_usage`` changes nothing there: the proof needs the usage on the end
-marker, and an OpenAI client reads it from there as well. These are the bytes the codec
-benchmarks measure (the codec's default, ``extensions=True``).
+stream instead, the one its clients verify
+(:class:`~inferwire.codecs.integrity.StreamVerifier`): each chunk carries ``seq`` and
+``choices[0].token_ids``, and the chunk with ``finish_reason`` carries ``usage``, the end
+marker whose token count proves the stream whole. ``stream_options.include_usage`` changes
+nothing there: the proof needs the usage on the end marker, and an OpenAI client reads it
+from there as well. These are the bytes the codec benchmarks measure (the codec built with
+``extensions=True``), whatever the server codec's own option.
 
 A chat client that names the server codec's own stream type in ``Accept`` (inferwire's clients
 of a binary codec do) gets the codec's frames, which always carry everything. Any other answer
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 import inferwire.codecs as ic
-from inferwire.codecs.framing import stream_encoder
+from inferwire.codecs.framing import StreamEncoder, framed_encoder
 from inferwire.serving import ChatCompletionRequest, RequestError
 
 from . import openai_bodies as ob
@@ -227,6 +228,7 @@ class OpenAIApi:
         self._chunks = codec if json_codec else ic.get("orjson")
         self._framing = self._chunks.framing
         self._openai_chunks = ic.get(self._chunks.name, framing=self._framing, extensions=False)
+        self._inferwire_chunks = ic.get(self._chunks.name, framing=self._framing, extensions=True)
         self._content_type = self._chunks.stream_media_type
         self._frames = codec if not json_codec and ic.TokenChunk in codec.types else None
         """A binary codec's own stream, for a client that asks for it by name."""
@@ -300,10 +302,10 @@ class OpenAIApi:
             stream, request, encoder, self._content_type, received_ns, encoded_by, headers
         )
 
-    def _encoder(self, request: OpenAIRequest, *, chat: bool) -> ic.StreamEncoder:
+    def _encoder(self, request: OpenAIRequest, *, chat: bool) -> StreamEncoder:
         if chat and request.extensions:
-            return self._chunks.stream_encoder()
-        objects = stream_encoder(self._framing, orjson.dumps)
+            return self._inferwire_chunks.stream_encoder()
+        objects = framed_encoder(self._framing, orjson.dumps)
         if not chat:
             return ob.CompletionChunks(
                 objects, include_usage=request.include_usage, extensions=request.extensions
@@ -316,7 +318,7 @@ class OpenAIApi:
         self,
         stream: TokenStream,
         request: OpenAIRequest,
-        encoder: ic.StreamEncoder,
+        encoder: StreamEncoder,
         content_type: str,
         received_ns: int,
         encoded_by: str,

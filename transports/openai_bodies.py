@@ -20,7 +20,9 @@ from typing import Any, Final
 
 import inferwire.codecs as ic
 from inferwire.codecs import openai as oa
+from inferwire.codecs.framing import StreamEncoder
 from inferwire.serving import UsageAsOpenAI
+from inferwire.serving.stream import usage_chunk
 
 __all__ = [
     "CHAT_COMPLETION",
@@ -28,10 +30,9 @@ __all__ = [
     "CompletionChunks",
     "UsageAsOpenAI",
     "chat_completion",
-    "completion_id",
     "text_completion",
     "text_completion_chunk",
-    "usage_chunk",
+    "text_completion_id",
 ]
 
 Obj = dict[str, Any]
@@ -40,7 +41,7 @@ CHAT_COMPLETION: Final = "chat.completion"
 TEXT_COMPLETION: Final = "text_completion"
 
 
-def completion_id(chat_id: str) -> str:
+def text_completion_id(chat_id: str) -> str:
     """The id of a legacy completion: ``cmpl-`` where a chat completion's is ``chatcmpl-``."""
     return "cmpl-" + chat_id.removeprefix("chatcmpl-")
 
@@ -116,7 +117,7 @@ def text_completion(chunks: Sequence[ic.TokenChunk], *, extensions: bool) -> Obj
     first = chunks[0]
     text = "".join(c.text for c in chunks)
     return {
-        "id": completion_id(first.id),
+        "id": text_completion_id(first.id),
         "object": TEXT_COMPLETION,
         "created": first.created,
         "model": first.model,
@@ -129,7 +130,7 @@ def text_completion_chunk(chunk: ic.TokenChunk, offset: int, *, extensions: bool
     """One streamed ``text_completion`` chunk; ``offset``: characters of text before it. With
     ``extensions``, ``seq`` and the usage of the end marker too, as on a chat chunk."""
     obj: Obj = {
-        "id": completion_id(chunk.id),
+        "id": text_completion_id(chunk.id),
         "object": TEXT_COMPLETION,
         "created": chunk.created,
         "model": chunk.model,
@@ -142,20 +143,6 @@ def text_completion_chunk(chunk: ic.TokenChunk, offset: int, *, extensions: bool
     return obj
 
 
-def usage_chunk(chunk: ic.TokenChunk, object_: str, usage: ic.Usage) -> Obj:
-    """The last chunk of a stream with ``stream_options.include_usage``: no choices, and the
-    usage of the whole request."""
-    id_ = chunk.id if object_ == oa.CHUNK_OBJECT else completion_id(chunk.id)
-    return {
-        "id": id_,
-        "object": object_,
-        "created": chunk.created,
-        "model": chunk.model,
-        "choices": [],
-        "usage": oa.usage_obj(usage),
-    }
-
-
 class CompletionChunks:
     """A legacy completion's stream: ``text_completion`` chunks in ``objects``' framing, usage
     placed as :class:`~inferwire.serving.UsageAsOpenAI` places a chat stream's (or, with
@@ -163,7 +150,7 @@ class CompletionChunks:
 
     __slots__ = ("_objects", "_offset", "extensions", "include_usage")
 
-    def __init__(self, objects: ic.StreamEncoder, *, include_usage: bool, extensions: bool) -> None:
+    def __init__(self, objects: StreamEncoder, *, include_usage: bool, extensions: bool) -> None:
         self._objects = objects
         self._offset = 0
         self.include_usage = include_usage
@@ -175,7 +162,14 @@ class CompletionChunks:
         )
         self._offset += len(chunk.text)
         if chunk.usage is not None and self.include_usage and not self.extensions:
-            frame += self._objects.encode(usage_chunk(chunk, TEXT_COMPLETION, chunk.usage))
+            frame += self._objects.encode(
+                usage_chunk(
+                    chunk,
+                    chunk.usage,
+                    object_=TEXT_COMPLETION,
+                    id_=text_completion_id(chunk.id),
+                )
+            )
         return frame
 
     def end(self) -> bytes:

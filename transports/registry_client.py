@@ -2,7 +2,7 @@
 read-only registry routes of the http1/http2 servers.
 
 The delta decoder calls its resolver synchronously and only for an id it has not seen, once
-per stream at most; wrap this in :class:`~inferwire.codecs.CachingResolver` (as
+per stream at most; wrap this in :class:`~inferwire.codecs.schema_registry.CachingResolver` (as
 :func:`http_resolver` does) so each id crosses the network once and unknown ids are
 negatively cached. The lookup is a blocking stdlib request with a short timeout: it happens
 once per id per process, which does not justify an async path through the sans-IO decoder.
@@ -19,6 +19,12 @@ import urllib.request
 import orjson
 
 import inferwire.codecs as ic
+from inferwire.codecs.errors import (
+    CorruptRegistryError,
+    SchemaError,
+    SchemaRegistryUnavailableError,
+)
+from inferwire.codecs.schema_registry import CachingResolver, Schema
 
 
 class HttpSchemaResolver:
@@ -31,7 +37,7 @@ class HttpSchemaResolver:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
 
-    def resolve(self, schema_id: int, /) -> ic.Schema:
+    def resolve(self, schema_id: int, /) -> Schema:
         url = f"{self.base_url}/schemas/ids/{int(schema_id)}"
         try:
             with urllib.request.urlopen(url, timeout=self.timeout_s) as answer:
@@ -39,23 +45,23 @@ class HttpSchemaResolver:
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 raise ic.UnknownSchemaError(schema_id) from None
-            raise ic.SchemaRegistryUnavailableError(
+            raise SchemaRegistryUnavailableError(
                 f"registry at {self.base_url} answered {exc.code}"
             ) from exc
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            raise ic.SchemaRegistryUnavailableError(
+            raise SchemaRegistryUnavailableError(
                 f"registry at {self.base_url} unreachable: {exc}"
             ) from exc
         if len(body) > self.max_bytes:
-            raise ic.CorruptRegistryError(f"schema {schema_id} is over {self.max_bytes} bytes")
+            raise CorruptRegistryError(f"schema {schema_id} is over {self.max_bytes} bytes")
         try:
             document = orjson.loads(body)
-            schema = ic.Schema(base64.b64decode(document["schema"], validate=True))
+            schema = Schema(base64.b64decode(document["schema"], validate=True))
             schema.parsed()
-        except (orjson.JSONDecodeError, KeyError, TypeError, binascii.Error, ic.SchemaError) as exc:
-            raise ic.CorruptRegistryError(f"schema {schema_id} from the registry: {exc}") from exc
+        except (orjson.JSONDecodeError, KeyError, TypeError, binascii.Error, SchemaError) as exc:
+            raise CorruptRegistryError(f"schema {schema_id} from the registry: {exc}") from exc
         return schema
 
 
-def http_resolver(base_url: str, *, timeout_s: float = 5.0) -> ic.CachingResolver:
-    return ic.CachingResolver(HttpSchemaResolver(base_url, timeout_s=timeout_s))
+def http_resolver(base_url: str, *, timeout_s: float = 5.0) -> CachingResolver:
+    return CachingResolver(HttpSchemaResolver(base_url, timeout_s=timeout_s))

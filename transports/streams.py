@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
 import inferwire.codecs as ic
+from inferwire.codecs.framing import BytesLike, StreamDecoder, StreamEncoder
 
 from .errors import ProtocolError, StreamTruncatedError
 from .service import MAX_BATCH_CHUNKS, SimulatedService, TokenStream
@@ -35,7 +36,7 @@ class ChunkWriter:
 
     def __init__(
         self,
-        encoder: ic.StreamEncoder,
+        encoder: StreamEncoder,
         stamps: ServerStamps | None = None,
         meter: RequestMeter | None = None,
     ) -> None:
@@ -76,7 +77,7 @@ class ChunkWriter:
 async def stream_frames(
     service: SimulatedService,
     stream: TokenStream,
-    encoder: ic.StreamEncoder,
+    encoder: StreamEncoder,
     stamps: ServerStamps | None = None,
     *,
     max_chunks: int = MAX_BATCH_CHUNKS,
@@ -106,7 +107,7 @@ async def stream_frames(
 async def stream_messages(
     service: SimulatedService,
     stream: TokenStream,
-    encoder: ic.StreamEncoder,
+    encoder: StreamEncoder,
     stamps: ServerStamps | None = None,
     meter: RequestMeter | None = None,
 ) -> AsyncGenerator[bytes, None]:
@@ -148,7 +149,7 @@ class ChunkReader:
 
     def __init__(
         self,
-        decoder: ic.StreamDecoder[ic.TokenChunk],
+        decoder: StreamDecoder[ic.TokenChunk],
         what: str,
         timing: StreamTiming | None = None,
     ) -> None:
@@ -177,7 +178,7 @@ class ChunkReader:
         """Whether the codec's end marker was read."""
         return self._decoder.finished
 
-    def feed(self, data: ic.BytesLike) -> list[ic.TokenChunk]:
+    def feed(self, data: BytesLike) -> list[ic.TokenChunk]:
         """The chunks ``data`` completed. Raises :class:`ProtocolError` for bytes that do not
         decode (its ``__cause__`` is the codec's error)."""
         received_ns = now_ns() if self._timing is not None else 0

@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 import orjson
 
 import inferwire.codecs as ic
+from inferwire.serving import error_body
 
 from .base import Client, Server
-from .common import aclose_quietly, connect_tcp, error_body, error_detail, map_exceptions
+from .common import aclose_quietly, connect_tcp, error_detail, map_exceptions
 from .errors import (
     BadRequestError,
     MessageTooLargeError,

@@ -39,6 +39,7 @@ import numpy as np
 import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import pbwire
+from inferwire.codecs.base import DEFAULT_MAX_DEPTH
 
 KINDS: Final = ("prefix", "corruption", "lying-header", "too-deep", "too-many", "fan-out")
 JSON_TEXT: Final = ("json", "orjson", "msgspec-json")
@@ -224,7 +225,7 @@ def _with_unknown(name: str, codec: ic.Codec, message: Any, value: bytes) -> byt
 def _limits(name: str, codec: ic.Codec, subject: _Subject) -> dict[str, list[Input]]:
     """The inputs of the ``too-deep``, ``too-many`` and ``fan-out`` kinds for one workload."""
     message = subject.messages[0]
-    over = ic.DEFAULT_MAX_DEPTH + 1
+    over = DEFAULT_MAX_DEPTH + 1
     if name in JSON_TEXT or name in MSGPACK:
         if name in JSON_TEXT:
             deep = [b"[" * n + b"]" * n for n in (over, 1_000_000)]

@@ -54,7 +54,7 @@ def codecs_for(workload: str, op: str) -> dict[str, ic.Codec]:
     type_ = type(workloads.get(workload).messages()[0])
     out: dict[str, ic.Codec] = {}
     for name in ic.names():
-        codec = ic.get(name)
+        codec = ic.get(name, extensions=True)
         if type_ not in codec.types:
             continue
         out[name] = codec
@@ -163,7 +163,7 @@ def wrapper_levels(
 ) -> tuple[dict[str, tuple[Callable[[], Any], Callable[[Any], bool]]], int]:
     """The codec, direct and library levels of ``op`` over ``messages`` (each a call and the
     check of its result), and the codec's wire bytes for them."""
-    codec, baseline = ic.get(name), BASELINES[name]
+    codec, baseline = ic.get(name, extensions=True), BASELINES[name]
     type_ = type(messages[0])
     encoded = [codec.encode(m) for m in messages]
     wire = sum(map(len, encoded))

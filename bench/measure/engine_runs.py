@@ -255,7 +255,7 @@ def encode_s_per_chunk(codec_name: str, chunks: Sequence[ic.TokenChunk]) -> floa
     """The frontend codec's stream encode of one chunk (this process, the median of
     :data:`ENCODE_REPEATS` whole streams, CPU time of this thread): what each chunk the
     frontend sends costs it."""
-    codec = ic.get(codec_name)
+    codec = ic.get(codec_name, extensions=True)
 
     def stream() -> None:
         encoder = codec.stream_encoder()

@@ -287,7 +287,7 @@ def _operations(codec_name: str, workload: str) -> _Operations:
     from inferwire import workloads
     from inferwire.bench.measure.codec_ops import decode_stream, encode_stream
 
-    codec = ic.get(codec_name)
+    codec = ic.get(codec_name, extensions=True)
     messages = workloads.get(workload).messages()
     type_: type[Any] = type(messages[0])
     if workloads.get(workload).kind == "stream":

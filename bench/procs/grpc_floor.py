@@ -89,7 +89,7 @@ def _streamer(prebuilt: list[bytes]) -> grpc.RpcMethodHandler:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    codec = ic.get(args.codec)
+    codec = ic.get(args.codec, extensions=True)
     chunks = list(token_stream_source(args.workload, args.seed))
     handlers = {
         "Messages": _streamer(messages(codec, chunks)),

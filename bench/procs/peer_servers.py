@@ -48,8 +48,8 @@ import orjson
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire._runtime import loops
+from inferwire.serving import error_body
 from inferwire.transports import server_process
-from inferwire.transports.common import error_body
 from inferwire.transports.openai_api import ApiError, parse_request
 from inferwire.workloads import token_stream_source
 
@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     service = it.SimulatedService(
         token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
     )
-    app = make_app(service, ic.get(args.codec))
+    app = make_app(service, ic.get(args.codec, extensions=True))
     sock = _listen(args.host, args.port)
     serve = _serve_hypercorn if args.server == "hypercorn" else _serve_uvicorn
     loops.run(serve(app, sock), args.loop)

@@ -37,7 +37,7 @@ def _expected(request: it.GenerateRequest) -> list[ic.TokenChunk]:
 
 def _wire_bytes(request: it.GenerateRequest) -> bytes:
     """The body our http1 and http2 servers send for ``request``."""
-    encoder = ic.get(CODEC).stream_encoder()
+    encoder = ic.get(CODEC, extensions=True).stream_encoder()
     return b"".join(encoder.encode(c) for c in _expected(request)) + encoder.end()
 
 
@@ -96,7 +96,7 @@ def test_httpx_reads_our_bytes(
     assert response.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
     assert response.headers["content-type"].startswith("text/event-stream")
     assert response.content == _wire_bytes(request_)
-    decoder = ic.get(CODEC).stream_decoder()
+    decoder = ic.get(CODEC, extensions=True).stream_decoder()
     assert decoder.feed(response.content) == _expected(request_)
     assert decoder.finished
 

@@ -30,7 +30,7 @@ def test_the_report_holds_the_float32_stream_to_8_percent_of_openai_sse() -> Non
         for c in workloads.get(report_codecs.DELTA_F32_WORKLOAD).messages()
         if isinstance(c, ic.TokenChunk)
     ]
-    json_bytes = len(encode(ic.get("json"), chunks))
+    json_bytes = len(encode(ic.get("json", extensions=True), chunks))
     delta_bytes = len(encode_both(chunks))
     rows = report_codecs.target_rows(
         [_encode_result("delta", delta_bytes), _encode_result("json", json_bytes)]

@@ -50,7 +50,7 @@ from inferwire.codecs.delta_codec import DeltaCodec
 from inferwire.workloads import hostile
 from tests.codecs.test_codecs import as_model, check_well_formed, encode_stream
 
-CODECS: dict[str, ic.Codec] = {name: ic.get(name) for name in ic.names()}
+CODECS: dict[str, ic.Codec] = {name: ic.get(name, extensions=True) for name in ic.names()}
 CODECS["delta-pure"] = DeltaCodec(pure_python=True)
 JSON_CODECS = {name for name, codec in CODECS.items() if codec.media_type == "application/json"}
 SEED = workloads.DEFAULT_SEED

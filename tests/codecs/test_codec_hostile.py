@@ -16,6 +16,7 @@ import pytest
 import inferwire.codecs as ic
 from inferwire.codecs import pbwire
 from inferwire.codecs.base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS
+from inferwire.codecs.errors import DepthLimitError, ElementBudgetError
 from inferwire.schemas import inferwire_pb2 as pb
 from tests.codecs.accel_helpers import peak_memory
 
@@ -30,7 +31,7 @@ CHUNK = ic.TokenChunk(
 def with_extra(name: str, extra: bytes) -> bytes:
     """The chunk, encoded by ``name``, with one more (unknown) key whose encoded value is
     ``extra``: unknown keys are skipped, so only the limits can refuse it."""
-    data = ic.get(name).encode(CHUNK)
+    data = ic.get(name, extensions=True).encode(CHUNK)
     if name in JSON_TEXT:
         assert data.endswith(b"}")
         return data[:-1] + b',"zz":' + extra + b"}"
@@ -67,11 +68,11 @@ def depth_of(value: Any) -> int:
 @pytest.mark.parametrize("name", SCANNED)
 @pytest.mark.parametrize("limit", [16, DEFAULT_MAX_DEPTH])
 def test_depth_at_the_limit_minus_one_the_limit_and_past_it(name: str, limit: int) -> None:
-    codec = ic.get(name, max_depth=limit)
+    codec = ic.get(name, max_depth=limit, extensions=True)
     # the chunk object is level 1: its unknown key's arrays start at level 2
     for depth in (limit - 1, limit):
         assert codec.decode(with_extra(name, nested(name, depth - 1)), ic.TokenChunk) == CHUNK
-    with pytest.raises(ic.DepthLimitError) as info:
+    with pytest.raises(DepthLimitError) as info:
         codec.decode(with_extra(name, nested(name, limit)), ic.TokenChunk)
     assert info.value.max_depth == limit
 
@@ -79,15 +80,15 @@ def test_depth_at_the_limit_minus_one_the_limit_and_past_it(name: str, limit: in
 @pytest.mark.parametrize("name", SCANNED)
 def test_far_past_the_depth_limit_is_refused_without_recursion(name: str) -> None:
     data = with_extra(name, nested(name, 1_000_000))
-    with peak_memory(1 << 20), pytest.raises(ic.DepthLimitError):
-        ic.get(name).decode(data, ic.TokenChunk)
+    with peak_memory(1 << 20), pytest.raises(DepthLimitError):
+        ic.get(name, extensions=True).decode(data, ic.TokenChunk)
 
 
 @pytest.mark.parametrize("name", SCANNED)
 def test_brackets_inside_strings_do_not_count(name: str) -> None:
     text = "[" * 5000 + "{" * 5000
     chunk = ic.TokenChunk(**{**_fields(CHUNK), "text": text})
-    codec = ic.get(name, max_depth=8)
+    codec = ic.get(name, max_depth=8, extensions=True)
     assert codec.decode(codec.encode(chunk), ic.TokenChunk) == chunk
 
 
@@ -105,7 +106,7 @@ def test_the_decoded_model_is_never_deeper_than_its_schema() -> None:
         }
     )
     for name in SCANNED:
-        codec = ic.get(name)
+        codec = ic.get(name, extensions=True)
         data = codec.encode(full)
         data = data[:-1] + b',"zz":' + nested(name, 300) + b"}" if name in JSON_TEXT else data
         decoded = codec.decode(data, ic.TokenChunk)
@@ -126,7 +127,7 @@ def _as_tree(value: Any) -> Any:
 
 
 def test_protobuf_nesting_stops_at_upb_limit_of_100() -> None:
-    codec = ic.get("protobuf")
+    codec = ic.get("protobuf", extensions=True)
     data = codec.encode(CHUNK)
     start, end = pbwire.key(100, 3), pbwire.key(100, 4)  # an unknown group, nested
 
@@ -153,22 +154,22 @@ def test_a_megabyte_of_empty_containers_is_refused_before_it_is_built(name: str)
     empty = b"[]" if name in JSON_TEXT else b"\x80"  # JSON empty lists, msgpack empty maps
     data = with_extra(name, _array(name, [empty] * (1 << 20 if name in MSGPACK else 350_000)))
     assert len(data) >= 1_000_000
-    with peak_memory(2 << 20), pytest.raises(ic.ElementBudgetError) as info:
-        ic.get(name).decode(data, ic.TokenChunk)
+    with peak_memory(2 << 20), pytest.raises(ElementBudgetError) as info:
+        ic.get(name, extensions=True).decode(data, ic.TokenChunk)
     assert info.value.max_elements == DEFAULT_MAX_ELEMENTS
 
 
 @pytest.mark.parametrize("name", SCANNED)
 def test_the_element_budget_is_exact_and_configurable(name: str) -> None:
-    base = ic.get(name).encode(CHUNK)
+    base = ic.get(name, extensions=True).encode(CHUNK)
     elements = _elements(msgpack.unpackb(base) if name in MSGPACK else _json(base))
     # the unknown key and its array are 2 elements; each item one more
     items = 40
     data = with_extra(name, _array(name, [b"0"] * items))
     total = elements + 2 + items
-    assert ic.get(name, max_elements=total).decode(data, ic.TokenChunk) == CHUNK
-    with pytest.raises(ic.ElementBudgetError):
-        ic.get(name, max_elements=total - 1).decode(data, ic.TokenChunk)
+    assert ic.get(name, max_elements=total, extensions=True).decode(data, ic.TokenChunk) == CHUNK
+    with pytest.raises(ElementBudgetError):
+        ic.get(name, max_elements=total - 1, extensions=True).decode(data, ic.TokenChunk)
 
 
 def _json(data: bytes) -> Any:
@@ -187,29 +188,31 @@ def _elements(value: Any) -> int:
 
 def test_protobuf_counts_repeated_entries_against_the_budget() -> None:
     many = ic.TokenChunk(**{**_fields(CHUNK), "token_ids": tuple(range(200, 1200))})
-    codec = ic.get("protobuf", max_elements=500)
+    codec = ic.get("protobuf", max_elements=500, extensions=True)
     data = codec.encode(many)
     assert len(data) > 500
-    with pytest.raises(ic.ElementBudgetError):
+    with pytest.raises(ElementBudgetError):
         codec.decode(data, ic.TokenChunk)
-    assert ic.get("protobuf", max_elements=1000).decode(data, ic.TokenChunk) == many
+    assert (
+        ic.get("protobuf", max_elements=1000, extensions=True).decode(data, ic.TokenChunk) == many
+    )
 
 
 def test_a_megabyte_of_empty_protobuf_logprobs_is_refused() -> None:
     # logprobs { content { } content { } ... }: two bytes per TokenLogprob object
     content = pbwire.length_delimited(1, b"") * 500_000
-    data = ic.get("protobuf").encode(CHUNK) + pbwire.length_delimited(8, content)
+    data = ic.get("protobuf", extensions=True).encode(CHUNK) + pbwire.length_delimited(8, content)
     probe = pb.TokenChunk.FromString(data)
     assert len(probe.logprobs.content) == 500_000  # field 8 is logprobs: the input means it
-    with pytest.raises(ic.ElementBudgetError):
-        ic.get("protobuf").decode(data, ic.TokenChunk)
+    with pytest.raises(ElementBudgetError):
+        ic.get("protobuf", extensions=True).decode(data, ic.TokenChunk)
 
 
 @pytest.mark.parametrize("pure_python", [False, True])
 def test_delta_frames_longer_than_the_budget_are_refused_from_their_length(
     pure_python: bool,
 ) -> None:
-    codec = ic.get("delta", pure_python=pure_python, max_elements=4096)
+    codec = ic.get("delta", pure_python=pure_python, max_elements=4096, extensions=True)
     encoder = codec.stream_encoder()
     first = encoder.encode(CHUNK)
     decoder = codec.stream_decoder()
@@ -235,9 +238,9 @@ LYING: dict[str, Callable[[], bytes]] = {
 def test_msgpack_lying_headers_are_refused_from_the_header(name: str, case: str) -> None:
     data = with_extra(name, LYING[case]())
     with peak_memory(1 << 20), pytest.raises(ic.DecodeError):
-        ic.get(name).decode(data, ic.TokenChunk)
+        ic.get(name, extensions=True).decode(data, ic.TokenChunk)
     with peak_memory(1 << 20), pytest.raises(ic.DecodeError):
-        ic.get(name).decode(LYING[case](), ic.TokenChunk)
+        ic.get(name, extensions=True).decode(LYING[case](), ic.TokenChunk)
 
 
 @pytest.mark.parametrize("length", [2**31, 2**32 - 1, 2**63])
@@ -245,12 +248,12 @@ def test_protobuf_lengths_past_the_input_are_refused(length: int) -> None:
     for field in (1, 6, 8):  # id (string), token_ids (packed), logprobs (message)
         data = pbwire.key(field, 2) + pbwire.varint(length) + b"abc"
         with peak_memory(1 << 20), pytest.raises(ic.DecodeError):
-            ic.get("protobuf").decode(data, ic.TokenChunk)
+            ic.get("protobuf", extensions=True).decode(data, ic.TokenChunk)
 
 
 @pytest.mark.parametrize("name", ic.names())
 def test_a_frame_claiming_four_gibibytes_is_refused_from_its_header(name: str) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     decoder = codec.stream_decoder()
     if name == "delta":
         decoder.feed(codec.stream_encoder().encode(CHUNK))
@@ -281,12 +284,12 @@ def _json_chunk(text: str = '"a"', logprob: str | None = None) -> bytes:
 @pytest.mark.parametrize("number", ["1e400", "-1e400", "NaN", "Infinity", "-Infinity"])
 def test_json_numbers_past_a_double_are_refused_never_infinity(name: str, number: str) -> None:
     with pytest.raises(ic.DecodeError):
-        ic.get(name).decode(_json_chunk(logprob=number), ic.TokenChunk)
+        ic.get(name, extensions=True).decode(_json_chunk(logprob=number), ic.TokenChunk)
 
 
 @pytest.mark.parametrize("name", JSON_TEXT)
 def test_json_negative_zero_keeps_its_sign(name: str) -> None:
-    chunk = ic.get(name).decode(_json_chunk(logprob="-0.0"), ic.TokenChunk)
+    chunk = ic.get(name, extensions=True).decode(_json_chunk(logprob="-0.0"), ic.TokenChunk)
     assert chunk.logprobs is not None
     assert struct.pack("<d", chunk.logprobs[0].logprob) == struct.pack("<d", -0.0)
 
@@ -295,25 +298,32 @@ def test_json_negative_zero_keeps_its_sign(name: str) -> None:
 @pytest.mark.parametrize("escape", ["\\ud800", "\\udfff", "a\\ud83d", "\\ude00b"])
 def test_json_lone_surrogate_escapes_are_refused(name: str, escape: str) -> None:
     with pytest.raises(ic.DecodeError):
-        ic.get(name).decode(_json_chunk(text=f'"{escape}"'), ic.TokenChunk)
+        ic.get(name, extensions=True).decode(_json_chunk(text=f'"{escape}"'), ic.TokenChunk)
 
 
 @pytest.mark.parametrize("name", JSON_TEXT)
 def test_json_a_surrogate_pair_is_one_character(name: str) -> None:
-    chunk = ic.get(name).decode(_json_chunk(text='"\\ud83d\\ude00"'), ic.TokenChunk)
+    chunk = ic.get(name, extensions=True).decode(
+        _json_chunk(text='"\\ud83d\\ude00"'), ic.TokenChunk
+    )
     assert chunk.text == "\U0001f600"
 
 
 @pytest.mark.parametrize("name", JSON_TEXT)
 def test_json_raw_control_characters_are_refused_escaped_nul_is_text(name: str) -> None:
     with pytest.raises(ic.DecodeError):
-        ic.get(name).decode(_json_chunk(text='"a\x00b"'), ic.TokenChunk)
-    assert ic.get(name).decode(_json_chunk(text='"a\\u0000b"'), ic.TokenChunk).text == "a\x00b"
+        ic.get(name, extensions=True).decode(_json_chunk(text='"a\x00b"'), ic.TokenChunk)
+    assert (
+        ic.get(name, extensions=True).decode(_json_chunk(text='"a\\u0000b"'), ic.TokenChunk).text
+        == "a\x00b"
+    )
 
 
-@pytest.mark.parametrize("name", [n for n in ic.names() if ic.TokenChunk in ic.get(n).types])
+@pytest.mark.parametrize(
+    "name", [n for n in ic.names() if ic.TokenChunk in ic.get(n, extensions=True).types]
+)
 def test_nul_is_text_like_any_other_character(name: str) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     chunk = ic.TokenChunk(**{**_fields(CHUNK), "text": "a\x00b", "id": "\x00"})
     if name == "delta":
         encoder, decoder = codec.stream_encoder(), codec.stream_decoder()
@@ -330,7 +340,7 @@ INVALID_UTF8 = [b"\xff\xfe", b"\xc0\xaf", b"a\xe2", b"\xed\xa0"]
 def _text_bytes_swapped(name: str, raw: bytes) -> bytes:
     """The chunk encoded by ``name`` with its text field's bytes ("hi") replaced by ``raw``
     (same length, so every length header stays right)."""
-    data = ic.get(name).encode(CHUNK)
+    data = ic.get(name, extensions=True).encode(CHUNK)
     assert data.count(b"hi") == 1
     return data.replace(b"hi", raw)
 
@@ -340,12 +350,14 @@ def _text_bytes_swapped(name: str, raw: bytes) -> bytes:
 def test_invalid_utf8_is_refused_by_every_codec(name: str, raw: bytes) -> None:
     data = _text_bytes_swapped(name, raw)
     with pytest.raises(ic.DecodeError):
-        ic.get(name).decode(data, ic.TokenChunk)  # the FlatBuffers verifier reads text too
+        ic.get(name, extensions=True).decode(
+            data, ic.TokenChunk
+        )  # the FlatBuffers verifier reads text too
 
 
 def test_invalid_utf8_in_a_delta_stream_is_refused() -> None:
     for pure in (False, True):
-        codec = ic.get("delta", pure_python=pure)
+        codec = ic.get("delta", pure_python=pure, extensions=True)
         data = codec.stream_encoder().encode(CHUNK)
         assert data.count(b"hi") == 1
         for raw in INVALID_UTF8:
@@ -357,23 +369,27 @@ def test_duplicate_keys_the_last_one_wins_in_every_keyed_format() -> None:
     """The documented policy: a key sent twice keeps its last value, as every one of these
     parsers does by itself and as protobuf does for a singular field sent twice."""
     for name in JSON_TEXT:
-        data = ic.get(name).encode(CHUNK).replace(b'{"id":"chatcmpl-1"', b'{"id":"a","id":"b"')
-        assert ic.get(name).decode(data, ic.TokenChunk).id == "b"
+        data = (
+            ic.get(name, extensions=True)
+            .encode(CHUNK)
+            .replace(b'{"id":"chatcmpl-1"', b'{"id":"a","id":"b"')
+        )
+        assert ic.get(name, extensions=True).decode(data, ic.TokenChunk).id == "b"
     for name in MSGPACK:
-        obj = msgpack.unpackb(ic.get(name).encode(CHUNK))
+        obj = msgpack.unpackb(ic.get(name, extensions=True).encode(CHUNK))
         body = b"".join(msgpack.packb(k) + msgpack.packb(v) for k, v in obj.items())
         data = bytes([0x80 | (len(obj) + 1)]) + msgpack.packb("id") + msgpack.packb("a") + body
         data = data.replace(msgpack.packb("chatcmpl-1"), msgpack.packb("b" * 10))
-        assert ic.get(name).decode(data, ic.TokenChunk).id == "b" * 10
-    data = ic.get("protobuf").encode(CHUNK) + pbwire.length_delimited(1, b"last")
-    assert ic.get("protobuf").decode(data, ic.TokenChunk).id == "last"
+        assert ic.get(name, extensions=True).decode(data, ic.TokenChunk).id == "b" * 10
+    data = ic.get("protobuf", extensions=True).encode(CHUNK) + pbwire.length_delimited(1, b"last")
+    assert ic.get("protobuf", extensions=True).decode(data, ic.TokenChunk).id == "last"
 
 
 # -- protobuf policy -------------------------------------------------------------------------
 
 
 def test_protobuf_unknown_fields_are_skipped() -> None:
-    data = ic.get("protobuf").encode(CHUNK)
+    data = ic.get("protobuf", extensions=True).encode(CHUNK)
     extra = (
         pbwire.key(99, 0)
         + pbwire.varint(5)
@@ -383,17 +399,20 @@ def test_protobuf_unknown_fields_are_skipped() -> None:
         + pbwire.key(102, 1)
         + b"\x00" * 8
     )
-    assert ic.get("protobuf").decode(extra + data + extra, ic.TokenChunk) == CHUNK
+    assert ic.get("protobuf", extensions=True).decode(extra + data + extra, ic.TokenChunk) == CHUNK
 
 
 def test_protobuf_a_known_field_with_the_wrong_wire_type_is_skipped_as_unknown() -> None:
-    data = ic.get("protobuf").encode(CHUNK)
+    data = ic.get("protobuf", extensions=True).encode(CHUNK)
     # id (field 1, a string) sent as a varint: the id sent as a string after it still counts
-    assert ic.get("protobuf").decode(pbwire.key(1, 0) + b"\x07" + data, ic.TokenChunk) == CHUNK
+    assert (
+        ic.get("protobuf", extensions=True).decode(pbwire.key(1, 0) + b"\x07" + data, ic.TokenChunk)
+        == CHUNK
+    )
     # and if it is the only id, the field keeps its default, as every protobuf reader does
     alone = pb.TokenChunk.FromString(data)
     alone.ClearField("id")
-    decoded = ic.get("protobuf").decode(
+    decoded = ic.get("protobuf", extensions=True).decode(
         pbwire.key(1, 0) + b"\x07" + alone.SerializeToString(), ic.TokenChunk
     )
     assert decoded.id == ""
@@ -411,9 +430,9 @@ def test_protobuf_a_known_field_with_the_wrong_wire_type_is_skipped_as_unknown()
     ],
 )
 def test_protobuf_malformed_wire_data_is_refused(bad: bytes) -> None:
-    data = ic.get("protobuf").encode(CHUNK)
+    data = ic.get("protobuf", extensions=True).encode(CHUNK)
     with pytest.raises(ic.DecodeError):
-        ic.get("protobuf").decode(data + bad, ic.TokenChunk)
+        ic.get("protobuf", extensions=True).decode(data + bad, ic.TokenChunk)
 
 
 # -- options ---------------------------------------------------------------------------------
@@ -431,13 +450,15 @@ def test_the_tensor_header_is_held_to_the_json_limits() -> None:
 
     header = b'{"model_name":"m","id":"r","inputs":[],"zz":' + b"[]," * 400_000 + b"[]}"
     data = MAGIC + struct.pack("<I", len(header)) + header
-    with peak_memory(2 << 20), pytest.raises(ic.ElementBudgetError):
-        ic.get("tensor").decode(data, ic.InferRequest)
+    with peak_memory(2 << 20), pytest.raises(ElementBudgetError):
+        ic.get("tensor", extensions=True).decode(data, ic.InferRequest)
     deep = b'{"model_name":"m","id":"r","inputs":[],"zz":' + nested("json", 600) + b"}"
-    with pytest.raises(ic.DepthLimitError):
-        ic.get("tensor").decode(MAGIC + struct.pack("<I", len(deep)) + deep, ic.InferRequest)
+    with pytest.raises(DepthLimitError):
+        ic.get("tensor", extensions=True).decode(
+            MAGIC + struct.pack("<I", len(deep)) + deep, ic.InferRequest
+        )
     shallow = b'{"model_name":"m","id":"r","inputs":[],"zz":' + nested("json", 500) + b"}"
-    request = ic.get("tensor").decode(
+    request = ic.get("tensor", extensions=True).decode(
         MAGIC + struct.pack("<I", len(shallow)) + shallow, ic.InferRequest
     )
     assert request == ic.InferRequest(model="m", id="r", inputs=())
@@ -451,15 +472,19 @@ def test_a_memoryview_of_wide_items_is_measured_in_bytes(name: str) -> None:
         data = b""
         for last in range(1000, 1008):  # a length that is a whole number of 8-byte items
             many = ic.TokenChunk(**{**_fields(CHUNK), "token_ids": tuple(range(200, last))})
-            data = ic.get(name).encode(many)
+            data = ic.get(name, extensions=True).encode(many)
             if len(data) % 8 == 0:
                 break
         view = memoryview(data).cast("Q")
-        codec = ic.get(name, max_elements=500)  # 800+ token ids, ~1,650 bytes, ~206 items
+        codec = ic.get(
+            name, max_elements=500, extensions=True
+        )  # 800+ token ids, ~1,650 bytes, ~206 items
         assert len(view) < 500 < len(many.token_ids)
-        with pytest.raises(ic.ElementBudgetError):
+        with pytest.raises(ElementBudgetError):
             codec.decode(view, ic.TokenChunk)
         return
     deep = b"[" * 256 + b"]" * 256
-    with pytest.raises(ic.DepthLimitError):
-        ic.get(name, max_depth=64).decode(memoryview(deep).cast("Q"), ic.TokenChunk)
+    with pytest.raises(DepthLimitError):
+        ic.get(name, max_depth=64, extensions=True).decode(
+            memoryview(deep).cast("Q"), ic.TokenChunk
+        )

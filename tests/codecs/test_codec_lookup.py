@@ -9,6 +9,18 @@ import numpy as np
 import pytest
 
 import inferwire.codecs as ic
+from inferwire.codecs.errors import (
+    BadMagicError,
+    CorruptRegistryError,
+    DuplicateFrameError,
+    IncompatibleSchemaError,
+    ReorderedFrameError,
+    SchemaError,
+    SchemaRegistryUnavailableError,
+    SequenceError,
+    SequenceGapError,
+    VerificationError,
+)
 
 NAMES = ic.names()
 JSON_CODECS = ["json", "orjson", "msgspec-json"]
@@ -80,11 +92,110 @@ def test_unknown_codec_name(name: str) -> None:
         ic.get(name, framing="ndjson")
 
 
-def test_options_make_a_new_codec() -> None:
+TOP_LEVEL = [
+    "Codec",
+    "CodecError",
+    "DecodeError",
+    "EmbeddingBatch",
+    "EncodeError",
+    "FrameTooLargeError",
+    "IncompleteStreamError",
+    "InferRequest",
+    "InferResponse",
+    "Message",
+    "Tensor",
+    "TokenChunk",
+    "TokenLogprob",
+    "TopLogprob",
+    "UnknownCodecError",
+    "UnknownSchemaError",
+    "Usage",
+    "get",
+    "names",
+    "names_for",
+]
+
+
+def test_the_top_level_is_what_a_user_of_a_codec_needs() -> None:
+    assert ic.__all__ == TOP_LEVEL
+    for name in TOP_LEVEL:
+        assert getattr(ic, name) is not None
+    # the rest lives in submodules
+    for gone in ("SchemaRegistry", "StreamVerifier", "StreamEncoder", "BytesLike", "DATATYPES"):
+        assert not hasattr(ic, gone), gone
+
+
+def test_what_left_the_top_level_is_in_its_submodule() -> None:
+    from inferwire.codecs import base, errors, framing, integrity, model, schema_registry
+
+    assert framing.DEFAULT_MAX_FRAME_BYTES == 64 * 1024 * 1024
+    assert (base.DEFAULT_MAX_DEPTH, base.DEFAULT_MAX_ELEMENTS) == (512, 1 << 18)
+    assert "FP32" in model.DATATYPES
+    assert issubclass(errors.SequenceGapError, ic.DecodeError)
+    for module, name in [
+        (framing, "StreamEncoder"),
+        (framing, "StreamDecoder"),
+        (framing, "BytesLike"),
+        (integrity, "StreamVerifier"),
+        (schema_registry, "SchemaRegistry"),
+        (schema_registry, "CachingResolver"),
+    ]:
+        assert hasattr(module, name), name
+
+
+def test_the_same_options_give_the_same_codec() -> None:
     ndjson = ic.get("orjson", framing="ndjson")
     assert ndjson is not ic.get("orjson")
     assert ndjson.name == "orjson"
-    assert ic.get("orjson", framing="ndjson") is not ndjson
+    assert ndjson.framing == "ndjson"
+    assert ic.get("orjson", framing="ndjson") is ndjson
+    assert ic.get("orjson", extensions=True, framing="ndjson") is not ndjson
+    # the order of the options does not matter, their types do
+    both = ic.get("orjson", framing="ndjson", extensions=True)
+    assert ic.get("orjson", extensions=True, framing="ndjson") is both
+    with pytest.raises(ValueError, match="extensions must be True or False"):
+        ic.get("orjson", extensions=1)
+
+
+def test_an_option_that_is_an_object_gives_a_new_codec() -> None:
+    from inferwire.codecs.schema_registry import SchemaRegistry
+
+    registry = SchemaRegistry()
+    first = ic.get("delta", registry=registry)
+    assert ic.get("delta", registry=registry) is not first  # the registry may change
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_shared_codec_gives_each_stream_its_own_encoder_and_decoder(name: str) -> None:
+    codec = ic.get(name, extensions=True)
+    assert codec.stream_encoder() is not codec.stream_encoder()
+    assert codec.stream_decoder() is not codec.stream_decoder()
+    assert codec.message_decoder() is not codec.message_decoder()
+
+
+@pytest.mark.parametrize("name", JSON_CODECS)
+def test_a_decode_function_numbers_only_its_own_stream(name: str) -> None:
+    # without extensions a chunk's seq is its place in the stream: each function counts anew
+    codec = ic.get(name)
+    data = codec.encode(CHUNK)
+    first, second = codec.decode_function(), codec.decode_function(ic.TokenChunk)
+    assert [first(data).seq, first(data).seq, second(data).seq] == [0, 1, 0]
+    assert (
+        ic.get(name, extensions=True).decode_function()(ic.get(name, extensions=True).encode(CHUNK))
+        == CHUNK
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_codec_takes_the_extensions_option(name: str) -> None:
+    assert ic.get(name, extensions=True).extensions is True
+    if name in JSON_CODECS:
+        assert ic.get(name).extensions is False
+        assert ic.get(name, extensions=False).extensions is False
+    else:
+        assert ic.get(name).extensions is True
+        with pytest.raises(ValueError, match="always carries"):
+            ic.get(name, extensions=False)
 
 
 def test_error_hierarchy() -> None:
@@ -96,35 +207,35 @@ def test_error_hierarchy() -> None:
     for specific in (
         ic.FrameTooLargeError,
         ic.IncompleteStreamError,
-        ic.VerificationError,
-        ic.BadMagicError,
-        ic.SequenceError,
+        VerificationError,
+        BadMagicError,
+        SequenceError,
         ic.UnknownSchemaError,
     ):
         assert issubclass(specific, ic.DecodeError)
-    for sequence in (ic.SequenceGapError, ic.DuplicateFrameError, ic.ReorderedFrameError):
-        assert issubclass(sequence, ic.SequenceError)
+    for sequence in (SequenceGapError, DuplicateFrameError, ReorderedFrameError):
+        assert issubclass(sequence, SequenceError)
     # Schema errors share a root; only an unknown id is also bad input. An unreachable registry
     # is not: the bytes may be fine, and the caller may retry.
     for schema_error in (
         ic.UnknownSchemaError,
-        ic.IncompatibleSchemaError,
-        ic.SchemaRegistryUnavailableError,
-        ic.CorruptRegistryError,
+        IncompatibleSchemaError,
+        SchemaRegistryUnavailableError,
+        CorruptRegistryError,
     ):
-        assert issubclass(schema_error, ic.SchemaError)
+        assert issubclass(schema_error, SchemaError)
         assert issubclass(schema_error, ic.CodecError)
     for not_bad_input in (
-        ic.IncompatibleSchemaError,
-        ic.SchemaRegistryUnavailableError,
-        ic.CorruptRegistryError,
+        IncompatibleSchemaError,
+        SchemaRegistryUnavailableError,
+        CorruptRegistryError,
     ):
         assert not issubclass(not_bad_input, ic.DecodeError)
-    assert ic.SchemaRegistryUnavailableError.retriable
+    assert SchemaRegistryUnavailableError.retriable
     unknown = ic.UnknownSchemaError(7)
     assert unknown.schema_id == 7
     assert "7" in str(unknown)
-    gap = ic.SequenceGapError("gap", expected=3, received=5)
+    gap = SequenceGapError("gap", expected=3, received=5)
     assert (gap.expected, gap.received) == (3, 5)
     error = ic.FrameTooLargeError(2**32 - 1, 1024)
     assert (error.declared_bytes, error.max_frame_bytes) == (2**32 - 1, 1024)

@@ -23,17 +23,18 @@ from hypothesis.extra import numpy as hnp
 
 import inferwire.codecs as ic
 from inferwire import workloads
+from inferwire.codecs.model import DATATYPES
 from inferwire.codecs.tensor_codec import ALIGNMENT, TensorCodec
 
 NAMES = ic.names()
-JSON_CODECS = [n for n in NAMES if ic.get(n).media_type == "application/json"]
+JSON_CODECS = [n for n in NAMES if ic.get(n, extensions=True).media_type == "application/json"]
 BINARY_CODECS = [n for n in NAMES if n not in JSON_CODECS]
-CHUNK_CODECS = [n for n in NAMES if ic.TokenChunk in ic.get(n).types]
-TENSOR_CODECS = [n for n in NAMES if ic.InferRequest in ic.get(n).types]
+CHUNK_CODECS = [n for n in NAMES if ic.TokenChunk in ic.get(n, extensions=True).types]
+TENSOR_CODECS = [n for n in NAMES if ic.InferRequest in ic.get(n, extensions=True).types]
 
 
 def _carries(codec: str, workload: str) -> bool:
-    return type(workloads.get(workload).messages()[0]) in ic.get(codec).types
+    return type(workloads.get(workload).messages()[0]) in ic.get(codec, extensions=True).types
 
 
 PAIRS = [(c, w) for w in workloads.names() for c in NAMES if _carries(c, w)]
@@ -58,11 +59,11 @@ def float_bits(message: Any) -> list[bytes]:
 def _check_tensor(tensor: Any) -> None:
     assert type(tensor) is ic.Tensor
     assert type(tensor.name) is str
-    assert tensor.datatype in ic.DATATYPES
+    assert tensor.datatype in DATATYPES
     assert type(tensor.shape) is tuple
     assert all(type(d) is int and d >= 0 for d in tensor.shape)
     assert isinstance(tensor.data, np.ndarray)
-    assert tensor.data.dtype == ic.DATATYPES[tensor.datatype]
+    assert tensor.data.dtype == DATATYPES[tensor.datatype]
     assert tensor.data.shape == tensor.shape
     if tensor.datatype == "BYTES":
         assert all(type(e) is bytes for e in tensor.data.flat)
@@ -116,7 +117,7 @@ def round_trip(codec: ic.Codec, message: Any) -> Any:
 
 @pytest.mark.parametrize(("name", "workload"), PAIRS)
 def test_every_workload_message_round_trips(name: str, workload: str) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     for message in workloads.get(workload).messages():
         decoded = round_trip(codec, message)
         assert decoded == message
@@ -128,7 +129,7 @@ def test_every_workload_message_round_trips(name: str, workload: str) -> None:
 @pytest.mark.parametrize(("name", "workload"), PAIRS)
 @pytest.mark.parametrize("form", [bytes, bytearray, memoryview])
 def test_decode_accepts_any_bytes_like(name: str, workload: str, form: type[Any]) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     message = workloads.get(workload).messages()[-1]
     assert codec.decode(form(codec.encode(message)), type(message)) == message
 
@@ -149,7 +150,7 @@ def random_splits(data: bytes, rng: random.Random, largest: int) -> Iterator[byt
 
 @pytest.mark.parametrize(("name", "workload"), STREAM_PAIRS)
 def test_every_stream_workload_round_trips(name: str, workload: str) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     messages = workloads.get(workload).messages()
     frames = encode_stream(codec, messages)
     data = b"".join(frames)
@@ -171,7 +172,7 @@ def test_every_stream_workload_round_trips(name: str, workload: str) -> None:
 
 @pytest.mark.parametrize(("name", "workload"), UNARY_PAIRS)
 def test_unary_workloads_stream_too(name: str, workload: str) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     (message,) = workloads.get(workload).messages()
     decoder = codec.stream_decoder(type(message))
     decoded = []
@@ -221,7 +222,7 @@ bytes_elements = st.binary(max_size=6) | st.text(max_size=4).map(str.encode)
 
 @st.composite
 def tensors(draw: st.DrawFn) -> ic.Tensor:
-    datatype = draw(st.sampled_from(sorted(ic.DATATYPES)))
+    datatype = draw(st.sampled_from(sorted(DATATYPES)))
     shape = draw(shapes)
     if datatype == "BYTES":
         count = math.prod(shape)
@@ -229,7 +230,7 @@ def tensors(draw: st.DrawFn) -> ic.Tensor:
         data[:] = draw(st.lists(bytes_elements, min_size=count, max_size=count))
         data = data.reshape(shape)
     else:
-        data = draw(hnp.arrays(ic.DATATYPES[datatype], shape))
+        data = draw(hnp.arrays(DATATYPES[datatype], shape))
     return ic.Tensor(name=draw(texts), datatype=datatype, shape=shape, data=data)
 
 
@@ -267,7 +268,7 @@ def json_carries(message: Any) -> bool:
 @pytest.mark.parametrize("name", CHUNK_CODECS)
 @given(chunk=token_chunks())
 def test_any_token_chunk_round_trips(name: str, chunk: ic.TokenChunk) -> None:
-    decoded = as_model(round_trip(ic.get(name), chunk))
+    decoded = as_model(round_trip(ic.get(name, extensions=True), chunk))
     assert decoded == chunk
     assert float_bits(decoded) == float_bits(chunk)
 
@@ -303,7 +304,7 @@ def token_streams(
 def test_any_token_stream_round_trips_in_any_split(
     name: str, chunks: list[ic.TokenChunk], data: st.DataObject
 ) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     stream = b"".join(encode_stream(codec, chunks))
     points = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12), label="splits"))
     decoder = codec.stream_decoder(ic.TokenChunk)
@@ -319,7 +320,7 @@ def test_any_token_stream_round_trips_in_any_split(
 @settings(max_examples=60)
 @given(message=infer_messages | embedding_batches)
 def test_any_tensor_message_round_trips(name: str, message: Any) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     if name in JSON_CODECS and not json_carries(message):
         with pytest.raises(ic.EncodeError):
             codec.encode(message)
@@ -328,9 +329,9 @@ def test_any_tensor_message_round_trips(name: str, message: Any) -> None:
 
 
 @pytest.mark.parametrize("name", TENSOR_CODECS)
-@pytest.mark.parametrize("datatype", sorted(ic.DATATYPES))
+@pytest.mark.parametrize("datatype", sorted(DATATYPES))
 def test_every_datatype_at_its_extremes(name: str, datatype: str) -> None:
-    dtype = ic.DATATYPES[datatype]
+    dtype = DATATYPES[datatype]
     if datatype == "BYTES":
         values: list[Any] = [b"", b"a", "é😊".encode(), b"\x00" * 5]
     elif dtype.kind == "b":
@@ -348,7 +349,7 @@ def test_every_datatype_at_its_extremes(name: str, datatype: str) -> None:
         ic.Tensor(name="x", datatype=datatype, shape=(1, len(values)), data=data.reshape(1, -1)),
     ):
         request = ic.InferRequest(model="m", id="r", inputs=(shaped,))
-        assert round_trip(ic.get(name), request) == request
+        assert round_trip(ic.get(name, extensions=True), request) == request
 
 
 @pytest.mark.parametrize("name", TENSOR_CODECS)
@@ -362,7 +363,7 @@ def test_tensor_data_in_any_memory_layout(name: str, order: str) -> None:
     }[order]
     tensor = ic.Tensor(name="x", datatype="FP32", shape=data.shape, data=data)
     request = ic.InferRequest(model="m", id="r", inputs=(tensor,))
-    assert round_trip(ic.get(name), request) == request
+    assert round_trip(ic.get(name, extensions=True), request) == request
 
 
 @pytest.mark.parametrize("name", TENSOR_CODECS)
@@ -382,7 +383,7 @@ def test_a_tensor_that_contradicts_itself_is_an_encode_error(
 ) -> None:
     tensor = ic.Tensor(name="x", datatype=datatype, shape=shape, data=data)
     with pytest.raises(ic.EncodeError):
-        ic.get(name).encode(ic.InferRequest(model="m", id="r", inputs=(tensor,)))
+        ic.get(name, extensions=True).encode(ic.InferRequest(model="m", id="r", inputs=(tensor,)))
 
 
 @pytest.mark.parametrize("name", TENSOR_CODECS)
@@ -396,7 +397,7 @@ def test_a_tensor_that_contradicts_itself_is_an_encode_error(
 )
 def test_embeddings_must_be_a_float32_matrix(name: str, vectors: Any) -> None:
     with pytest.raises(ic.EncodeError):
-        ic.get(name).encode(ic.EmbeddingBatch(model="m", vectors=vectors))
+        ic.get(name, extensions=True).encode(ic.EmbeddingBatch(model="m", vectors=vectors))
 
 
 @pytest.mark.parametrize("name", TENSOR_CODECS)
@@ -404,11 +405,11 @@ def test_an_empty_embedding_batch_round_trips_or_is_refused(name: str) -> None:
     # JSON rows carry the dimension, so a batch of zero rows cannot say it: a codec may refuse.
     batch = ic.EmbeddingBatch(model="m", vectors=np.zeros((0, 4), np.float32))
     try:
-        data = ic.get(name).encode(batch)
+        data = ic.get(name, extensions=True).encode(batch)
     except ic.EncodeError:
         assert name not in ("protobuf", "flatbuffers", "tensor")
     else:
-        assert ic.get(name).decode(data, ic.EmbeddingBatch) == batch
+        assert ic.get(name, extensions=True).decode(data, ic.EmbeddingBatch) == batch
 
 
 # -- floats ------------------------------------------------------------------------------
@@ -441,7 +442,7 @@ def _significant_digits(number: str) -> str:
 def test_json_writes_the_shortest_text_that_reads_back_to_the_same_double(
     name: str, value: float
 ) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     chunk = _chunk_with_logprob(value)
     data = codec.encode(chunk)
     written = re.findall(rb'"logprob":(-?[0-9][0-9.eE+-]*)', data)
@@ -465,7 +466,7 @@ NON_FINITE = [
 @pytest.mark.parametrize("value", NON_FINITE)
 def test_non_finite_floats(name: str, value: float) -> None:
     """JSON has no text for them: refused. Binary formats keep the exact bits."""
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     chunk = _chunk_with_logprob(value)
     if name in JSON_CODECS:
         with pytest.raises(ic.EncodeError):
@@ -479,7 +480,9 @@ def test_non_finite_floats(name: str, value: float) -> None:
 @pytest.mark.parametrize("name", [n for n in CHUNK_CODECS if n in BINARY_CODECS])
 @given(chunk=token_chunks(any_float))
 def test_binary_codecs_keep_every_float_bit(name: str, chunk: ic.TokenChunk) -> None:
-    assert float_bits(as_model(round_trip(ic.get(name), chunk))) == float_bits(chunk)
+    assert float_bits(as_model(round_trip(ic.get(name, extensions=True), chunk))) == float_bits(
+        chunk
+    )
 
 
 # -- integers and text ---------------------------------------------------------------------
@@ -519,7 +522,7 @@ def test_token_id_ranges_cover_every_chunk_codec() -> None:
 @pytest.mark.parametrize("name", CHUNK_CODECS)
 @pytest.mark.parametrize("token_id", TOKEN_IDS)
 def test_token_ids_each_codec_carries(name: str, token_id: int) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     chunk = ic.TokenChunk(
         id="c", model="m", created=1, index=0, seq=0, token_ids=(5, token_id), text="a"
     )
@@ -571,14 +574,14 @@ def _check_integer(codec: ic.Codec, field: str, value: int) -> None:
 @pytest.mark.parametrize("name", CHUNK_CODECS)
 @given(field=st.sampled_from(INT_FIELDS), value=st.integers(-(2**70), 2**70))
 def test_any_integer_round_trips_or_is_an_encode_error(name: str, field: str, value: int) -> None:
-    _check_integer(ic.get(name), field, value)
+    _check_integer(ic.get(name, extensions=True), field, value)
 
 
 @pytest.mark.parametrize("name", CHUNK_CODECS)
 @pytest.mark.parametrize("field", INT_FIELDS)
 def test_integers_at_each_width_round_trip_or_are_encode_errors(name: str, field: str) -> None:
     for value in INT_BOUNDARIES:
-        _check_integer(ic.get(name), field, value)
+        _check_integer(ic.get(name, extensions=True), field, value)
 
 
 def _fields(chunk: ic.TokenChunk) -> dict[str, Any]:
@@ -591,7 +594,7 @@ def test_text_that_is_not_unicode_scalar_values_is_an_encode_error(name: str, fi
     base = ic.TokenChunk(id="c", model="m", created=1, index=0, seq=0, token_ids=(1,), text="a")
     chunk = ic.TokenChunk(**{**_fields(base), field: "lone \ud800 surrogate"})
     with pytest.raises(ic.EncodeError):
-        ic.get(name).encode(chunk)
+        ic.get(name, extensions=True).encode(chunk)
 
 
 @pytest.mark.parametrize("name", JSON_CODECS)
@@ -599,7 +602,7 @@ def test_json_codecs_refuse_bytes_elements_that_are_not_utf8(name: str) -> None:
     data = np.array([b"ok", b"\xff\xfe"], dtype=object)
     tensor = ic.Tensor(name="x", datatype="BYTES", shape=(2,), data=data)
     with pytest.raises(ic.EncodeError):
-        ic.get(name).encode(ic.InferResponse(model="m", id="r", outputs=(tensor,)))
+        ic.get(name, extensions=True).encode(ic.InferResponse(model="m", id="r", outputs=(tensor,)))
 
 
 @pytest.mark.parametrize("name", JSON_CODECS)
@@ -607,7 +610,7 @@ def test_json_text_is_utf8_without_escapes(name: str) -> None:
     chunk = ic.TokenChunk(
         id="c", model="m", created=1, index=0, seq=0, token_ids=(1,), text=" café 東京 😊"
     )
-    assert " café 東京 😊".encode() in ic.get(name).encode(chunk)
+    assert " café 東京 😊".encode() in ic.get(name, extensions=True).encode(chunk)
 
 
 # -- bad input -----------------------------------------------------------------------------
@@ -659,7 +662,7 @@ SMALL_PAIRS = [
     pytest.param(n, m, id=f"{n}-{type(m).__name__}")
     for n in NAMES
     for m in SMALL_MESSAGES
-    if type(m) in ic.get(n).types
+    if type(m) in ic.get(n, extensions=True).types
 ]
 # Protobuf has no end marker: a prefix cut at a field boundary is a valid, shorter message.
 PREFIX_MAY_DECODE = {"protobuf"}
@@ -685,7 +688,7 @@ def _check_prefix(codec: ic.Codec, data: bytes, end: int, message: Any) -> None:
 
 @pytest.mark.parametrize(("name", "message"), SMALL_PAIRS)
 def test_every_strict_prefix_is_a_decode_error(name: str, message: Any) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     data = codec.encode(message)
     for end in range(len(data)):
         _check_prefix(codec, data, end, message)
@@ -700,7 +703,7 @@ def sample_positions(size: int, count: int, seed: str) -> list[int]:
 
 @pytest.mark.parametrize(("name", "workload"), PAIRS)
 def test_sampled_prefixes_of_workload_messages(name: str, workload: str) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     message = workloads.get(workload).messages()[-1]
     data = codec.encode(message)
     count = 24 if len(data) < 100_000 or name not in JSON_CODECS else 6
@@ -713,7 +716,7 @@ CORRUPTION_MASKS = (0x01, 0x20, 0x80, 0xFF)
 
 @pytest.mark.parametrize(("name", "message"), SMALL_PAIRS)
 def test_single_byte_corruptions_decode_or_raise_decode_error(name: str, message: Any) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     data = codec.encode(message)
     for pos in range(len(data)):
         for mask in CORRUPTION_MASKS:
@@ -724,7 +727,7 @@ def test_single_byte_corruptions_decode_or_raise_decode_error(name: str, message
 
 @pytest.mark.parametrize(("name", "workload"), UNARY_PAIRS)
 def test_sampled_corruptions_of_workload_messages(name: str, workload: str) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     (message,) = workloads.get(workload).messages()
     data = bytearray(codec.encode(message))
     count = 24 if len(data) < 100_000 or name not in JSON_CODECS else 4
@@ -751,7 +754,7 @@ def test_sampled_corruptions_of_workload_messages(name: str, workload: str) -> N
     ids=repr,
 )
 def test_garbage_is_a_decode_error_or_a_well_formed_value(name: str, data: bytes) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     for type_ in codec.types:
         _decode_or_decode_error(codec, data, type_)
 
@@ -767,7 +770,7 @@ def _arrays(message: Any) -> list[np.ndarray[Any, Any]]:
 
 @pytest.mark.parametrize("workload", workloads.names("tensor") + workloads.names("embeddings"))
 def test_tensor_codec_parts_are_views_of_the_arrays(workload: str) -> None:
-    codec = ic.get("tensor")
+    codec = ic.get("tensor", extensions=True)
     assert isinstance(codec, TensorCodec)
     (message,) = workloads.get(workload).messages()
     parts = codec.encode_parts(message)
@@ -779,7 +782,7 @@ def test_tensor_codec_parts_are_views_of_the_arrays(workload: str) -> None:
 
 @pytest.mark.parametrize("workload", workloads.names("tensor") + workloads.names("embeddings"))
 def test_tensor_codec_decodes_without_copying(workload: str) -> None:
-    codec = ic.get("tensor")
+    codec = ic.get("tensor", extensions=True)
     (message,) = workloads.get(workload).messages()
     data = bytearray(codec.encode(message))
     decoded = codec.decode(data, type(message))

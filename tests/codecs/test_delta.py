@@ -32,6 +32,22 @@ import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import delta_codec
 from inferwire.codecs.delta_codec import DELTA_V1, DELTA_V2, DELTA_V3, DeltaCodec
+from inferwire.codecs.errors import (
+    BadMagicError,
+    DuplicateFrameError,
+    IncompatibleSchemaError,
+    ReorderedFrameError,
+    SchemaRegistryUnavailableError,
+    SequenceGapError,
+)
+from inferwire.codecs.framing import BytesLike
+from inferwire.codecs.schema_registry import (
+    CachingResolver,
+    Compatibility,
+    Schema,
+    SchemaRegistry,
+    SchemaResolver,
+)
 
 MiB = 1024 * 1024
 CODEC = DeltaCodec()  # schema version 3, the default registry (v1 is id 1, v2 id 2, v3 id 3)
@@ -141,7 +157,7 @@ def encode_stream(codec: ic.Codec, chunks: Sequence[ic.TokenChunk]) -> bytes:
     return b"".join(encode_frames(codec, chunks))
 
 
-def decode_pieces(codec: ic.Codec, pieces: Iterable[ic.BytesLike]) -> list[ic.TokenChunk]:
+def decode_pieces(codec: ic.Codec, pieces: Iterable[BytesLike]) -> list[ic.TokenChunk]:
     """Feed every piece, then close: the stream must be whole."""
     decoder = codec.stream_decoder(ic.TokenChunk)
     out: list[ic.TokenChunk] = []
@@ -709,9 +725,9 @@ def test_a_dropped_frame_is_a_sequence_gap(workload: str) -> None:
     parts = split_stream(stream)
     for i in range(len(parts.frames) - 1):
         pieces = [parts.header, *parts.frames[:i], *parts.frames[i + 1 :], parts.end]
-        delivered, error = feed_until_error(CODEC, pieces, ic.SequenceGapError)
+        delivered, error = feed_until_error(CODEC, pieces, SequenceGapError)
         assert delivered == chunks[:i], i
-        assert isinstance(error, ic.SequenceGapError)
+        assert isinstance(error, SequenceGapError)
         assert (error.expected, error.received) == (chunks[i].seq, chunks[i + 1].seq)
 
 
@@ -731,10 +747,10 @@ def test_a_repeated_frame_is_a_duplicate(workload: str) -> None:
         for again in sorted({i + 1, len(parts.frames)}):  # right after it, and at the end
             frames = [*parts.frames[:again], parts.frames[i], *parts.frames[again:]]
             delivered, error = feed_until_error(
-                CODEC, [parts.header, *frames, parts.end], ic.DuplicateFrameError
+                CODEC, [parts.header, *frames, parts.end], DuplicateFrameError
             )
             assert delivered == chunks[:again]
-            assert isinstance(error, ic.DuplicateFrameError)
+            assert isinstance(error, DuplicateFrameError)
             assert error.received == chunks[i].seq
             assert error.expected == chunks[0].seq + again
 
@@ -748,10 +764,10 @@ def test_two_swapped_frames_are_reordered(workload: str) -> None:
         frames = list(parts.frames)
         frames[i], frames[i + 1] = frames[i + 1], frames[i]
         delivered, error = feed_until_error(
-            CODEC, [parts.header, *frames, parts.end], ic.ReorderedFrameError
+            CODEC, [parts.header, *frames, parts.end], ReorderedFrameError
         )
         assert delivered == chunks[:i], i
-        assert isinstance(error, ic.ReorderedFrameError)
+        assert isinstance(error, ReorderedFrameError)
         assert (error.expected, error.received) == (chunks[i].seq, chunks[i + 1].seq)
 
 
@@ -759,8 +775,8 @@ def test_two_dropped_frames_are_a_gap() -> None:
     _, stream = workload_stream("stream-16")
     parts = split_stream(stream)
     frames = [*parts.frames[:3], *parts.frames[5:]]
-    _, error = feed_until_error(CODEC, [parts.join(frames)], ic.SequenceGapError)
-    assert isinstance(error, ic.SequenceGapError)
+    _, error = feed_until_error(CODEC, [parts.join(frames)], SequenceGapError)
+    assert isinstance(error, SequenceGapError)
     assert (error.expected, error.received) == (3, 5)
 
 
@@ -772,7 +788,7 @@ def test_a_wrong_magic_byte(whole: bool) -> None:
     stream = encode_stream(CODEC, SMALL)
     for magic in range(2, 256):  # 0: format 0; 1: format 1 (float32 logprobs)
         data = bytes([magic]) + (stream[1:] if whole else b"")
-        with pytest.raises(ic.BadMagicError):
+        with pytest.raises(BadMagicError):
             CODEC.stream_decoder(ic.TokenChunk).feed(data)
 
 
@@ -851,18 +867,18 @@ def test_a_header_naming_a_schema_that_is_not_a_delta_schema_is_refused() -> Non
         type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
         label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
     )
-    other_id = registry.register("other", ic.Schema(other.SerializeToString()))
+    other_id = registry.register("other", Schema(other.SerializeToString()))
     codec = DeltaCodec(registry=registry)
     parts = split_stream(encode_stream(codec, SMALL))
     stream = header(other_id, parts.header_body) + b"".join(parts.frames) + parts.end
-    with pytest.raises((ic.IncompatibleSchemaError, ic.UnknownSchemaError)):
+    with pytest.raises((IncompatibleSchemaError, ic.UnknownSchemaError)):
         codec.stream_decoder(ic.TokenChunk).feed(stream)
 
 
 # -- the bytes are protobuf: cross-checked with the protobuf runtime ----------------------------
 
 
-def message_classes(schema: ic.Schema, *, packed: bool = True) -> dict[str, Any]:
+def message_classes(schema: Schema, *, packed: bool = True) -> dict[str, Any]:
     """The schema's message classes, built by protobuf from its descriptor set (``packed=False``:
     repeated scalars written one element a field, as proto2 writers do)."""
     descriptor_set = schema.parsed()
@@ -994,7 +1010,7 @@ def test_frames_written_by_protobuf_decode(packed: bool) -> None:
 # -- schema evolution: version 1 and version 2 share a registry ---------------------------------
 
 
-def codecs_sharing(registry: ic.SchemaRegistry) -> tuple[DeltaCodec, DeltaCodec]:
+def codecs_sharing(registry: SchemaRegistry) -> tuple[DeltaCodec, DeltaCodec]:
     return DeltaCodec(schema=DELTA_V1, registry=registry), DeltaCodec(
         schema=DELTA_V2, registry=registry
     )
@@ -1054,9 +1070,9 @@ def test_a_v1_encoder_cannot_carry_usage() -> None:
         encoder.encode(SMALL[-1])
 
 
-@pytest.mark.parametrize("mode", list(ic.Compatibility))
-def test_every_mode_accepts_v2_after_v1(mode: ic.Compatibility) -> None:
-    registry = ic.SchemaRegistry(compatibility=mode)
+@pytest.mark.parametrize("mode", list(Compatibility))
+def test_every_mode_accepts_v2_after_v1(mode: Compatibility) -> None:
+    registry = SchemaRegistry(compatibility=mode)
     v1, v2 = codecs_sharing(registry)
     assert registry.versions(delta_codec.SUBJECT) == [1, 2]
     stream = encode_stream(v2, SMALL)
@@ -1069,22 +1085,22 @@ def test_every_mode_accepts_v2_after_v1(mode: ic.Compatibility) -> None:
 # v1 after v2 drops the Usage message and Frame.usage without reserving its number: what a
 # reader of the new version still needs (BACKWARD) is gone; an old reader (FORWARD) is fine.
 V1_AFTER_V2 = {
-    ic.Compatibility.BACKWARD: False,
-    ic.Compatibility.BACKWARD_TRANSITIVE: False,
-    ic.Compatibility.FULL: False,
-    ic.Compatibility.FULL_TRANSITIVE: False,
-    ic.Compatibility.FORWARD: True,
-    ic.Compatibility.FORWARD_TRANSITIVE: True,
-    ic.Compatibility.NONE: True,
+    Compatibility.BACKWARD: False,
+    Compatibility.BACKWARD_TRANSITIVE: False,
+    Compatibility.FULL: False,
+    Compatibility.FULL_TRANSITIVE: False,
+    Compatibility.FORWARD: True,
+    Compatibility.FORWARD_TRANSITIVE: True,
+    Compatibility.NONE: True,
 }
 
 
 @pytest.mark.parametrize(("mode", "accepted"), list(V1_AFTER_V2.items()))
-def test_v1_after_v2_is_checked_against_the_mode(mode: ic.Compatibility, accepted: bool) -> None:
-    registry = ic.SchemaRegistry(compatibility=mode)
+def test_v1_after_v2_is_checked_against_the_mode(mode: Compatibility, accepted: bool) -> None:
+    registry = SchemaRegistry(compatibility=mode)
     v2 = DeltaCodec(schema=DELTA_V2, registry=registry)
     if not accepted:
-        with pytest.raises(ic.IncompatibleSchemaError) as info:
+        with pytest.raises(IncompatibleSchemaError) as info:
             DeltaCodec(schema=DELTA_V1, registry=registry)
         assert "FIELD_REMOVED_NOT_RESERVED" in str(info.value)
         assert "MESSAGE_REMOVED" in str(info.value)
@@ -1102,13 +1118,13 @@ def test_a_writer_schema_the_reader_cannot_read_is_refused() -> None:
     (frame_message,) = [m for m in descriptor_set.file[0].message_type if m.name == "Frame"]
     (token_ids,) = [f for f in frame_message.field if f.name == "token_ids"]
     token_ids.type = token_ids.TYPE_UINT64
-    retyped = ic.Schema(descriptor_set.SerializeToString())
+    retyped = Schema(descriptor_set.SerializeToString())
     registry = delta_codec.default_registry()
-    registry.set_compatibility(delta_codec.SUBJECT, ic.Compatibility.NONE)
+    registry.set_compatibility(delta_codec.SUBJECT, Compatibility.NONE)
     writer = DeltaCodec(schema=retyped, registry=registry)
     assert writer.schema_id == 4
     reader = DeltaCodec(registry=registry)
-    with pytest.raises(ic.IncompatibleSchemaError, match="FIELD_TYPE_CHANGED") as info:
+    with pytest.raises(IncompatibleSchemaError, match="FIELD_TYPE_CHANGED") as info:
         reader.stream_decoder(ic.TokenChunk).feed(encode_stream(writer, SMALL))
     assert info.value.violations
 
@@ -1119,15 +1135,15 @@ def test_a_writer_schema_the_reader_cannot_read_is_refused() -> None:
 class Switchable:
     """A resolver that can be taken down: what a registry over the network does."""
 
-    def __init__(self, source: ic.SchemaResolver) -> None:
+    def __init__(self, source: SchemaResolver) -> None:
         self.source = source
         self.up = True
         self.asked = 0
 
-    def resolve(self, schema_id: int, /) -> ic.Schema:
+    def resolve(self, schema_id: int, /) -> Schema:
         self.asked += 1
         if not self.up:
-            raise ic.SchemaRegistryUnavailableError("registry unreachable")
+            raise SchemaRegistryUnavailableError("registry unreachable")
         return self.source.resolve(schema_id)
 
 
@@ -1156,12 +1172,12 @@ def test_an_unreachable_registry_loses_no_bytes(feed: Callable[[bytes], list[byt
     for piece in feed(stream):
         try:
             assert decoder.feed(piece) == []
-        except ic.SchemaRegistryUnavailableError:
+        except SchemaRegistryUnavailableError:
             failures += 1
     assert failures >= 1
     assert remote.asked == failures  # once the header was whole, every feed asked again
     assert not decoder.finished
-    with pytest.raises(ic.SchemaRegistryUnavailableError):
+    with pytest.raises(SchemaRegistryUnavailableError):
         decoder.feed(b"")  # still down
     remote.up = True
     assert_same_chunks(decoder.feed(b""), SMALL)
@@ -1171,10 +1187,10 @@ def test_an_unreachable_registry_loses_no_bytes(feed: Callable[[bytes], list[byt
 
 def test_an_unreachable_registry_is_not_cached() -> None:
     remote = Switchable(delta_codec.default_registry())
-    resolver = ic.CachingResolver(remote)
+    resolver = CachingResolver(remote)
     remote.up = False
     for _ in range(3):
-        with pytest.raises(ic.SchemaRegistryUnavailableError):
+        with pytest.raises(SchemaRegistryUnavailableError):
             resolver.resolve(2)
     remote.up = True
     assert resolver.resolve(2) == DELTA_V2
@@ -1185,11 +1201,11 @@ def test_an_unreachable_registry_is_not_cached() -> None:
 class Counting:
     """A resolver over a dict, counting what it is asked."""
 
-    def __init__(self, schemas: dict[int, ic.Schema] | None = None) -> None:
+    def __init__(self, schemas: dict[int, Schema] | None = None) -> None:
         self.schemas = dict(schemas or {})
         self.asked: list[int] = []
 
-    def resolve(self, schema_id: int, /) -> ic.Schema:
+    def resolve(self, schema_id: int, /) -> Schema:
         self.asked.append(schema_id)
         try:
             return self.schemas[schema_id]
@@ -1208,7 +1224,7 @@ class Clock:
 def test_an_unknown_id_is_looked_up_once_over_many_streams_and_frames() -> None:
     registry = delta_codec.default_registry()
     source = Counting({1: DELTA_V1, 2: DELTA_V2, 3: DELTA_V3})
-    resolver = ic.CachingResolver(source)
+    resolver = CachingResolver(source)
     codec = DeltaCodec(registry=registry, resolver=resolver)
     parts = split_stream(encode_stream(codec, SMALL))
     stream = header(77, parts.header_body) + b"".join(parts.frames) + parts.end
@@ -1230,7 +1246,7 @@ def test_an_unknown_id_is_looked_up_once_over_many_streams_and_frames() -> None:
 
 def test_found_schemas_are_cached() -> None:
     source = Counting({1: DELTA_V1, 2: DELTA_V2})
-    resolver = ic.CachingResolver(source, clock=Clock())
+    resolver = CachingResolver(source, clock=Clock())
     for _ in range(10):
         assert resolver.resolve(1) == DELTA_V1
         assert resolver.resolve(2) == DELTA_V2
@@ -1241,7 +1257,7 @@ def test_found_schemas_are_cached() -> None:
 def test_an_unknown_id_is_asked_again_after_its_ttl() -> None:
     clock = Clock()
     source = Counting()
-    resolver = ic.CachingResolver(source, negative_ttl_s=30.0, clock=clock)
+    resolver = CachingResolver(source, negative_ttl_s=30.0, clock=clock)
     with pytest.raises(ic.UnknownSchemaError):
         resolver.resolve(5)
     source.schemas[5] = DELTA_V1  # registered meanwhile: unseen until the entry expires
@@ -1258,7 +1274,7 @@ def test_an_unknown_id_is_asked_again_after_its_ttl() -> None:
 
 def test_the_negative_cache_is_bounded() -> None:
     source = Counting()
-    resolver = ic.CachingResolver(source, max_negative=3, clock=Clock())
+    resolver = CachingResolver(source, max_negative=3, clock=Clock())
     for schema_id in range(100, 110):
         with pytest.raises(ic.UnknownSchemaError):
             resolver.resolve(schema_id)
@@ -1278,7 +1294,7 @@ def test_a_peer_spraying_ids_costs_at_most_one_lookup_each_while_cached(
     ids: list[int], bound: int
 ) -> None:
     source = Counting({1: DELTA_V1})
-    resolver = ic.CachingResolver(source, max_negative=bound, clock=Clock())
+    resolver = CachingResolver(source, max_negative=bound, clock=Clock())
     for schema_id in ids:
         with contextlib.suppress(ic.UnknownSchemaError):
             resolver.resolve(schema_id)

@@ -27,6 +27,7 @@ import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import delta_codec, delta_wire
 from inferwire.codecs.delta_codec import DELTA_V1, DELTA_V2, DeltaCodec
+from inferwire.codecs.errors import IncompatibleSchemaError
 from tests.codecs.accel_helpers import CHUNK_CLASSES_IT_CANNOT_FILL, run_child
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._delta_accel")
@@ -377,7 +378,7 @@ def decode_outcome(
         for piece in pieces:
             delivered += [comparable(c) for c in decoder.feed(piece)]
         decoder.close()
-    except (ic.DecodeError, ic.IncompatibleSchemaError) as exc:
+    except (ic.DecodeError, IncompatibleSchemaError) as exc:
         seq = (getattr(exc, "expected", None), getattr(exc, "received", None))
         return delivered, (type(exc), str(exc), seq)
     except Exception as exc:  # the property under test: nothing else escapes

@@ -29,6 +29,8 @@ import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import delta_codec, delta_wire
 from inferwire.codecs.delta_codec import DELTA_V1, DELTA_V2, DELTA_V3, DeltaCodec
+from inferwire.codecs.errors import IncompatibleSchemaError
+from inferwire.codecs.schema_registry import Compatibility, Schema, SchemaRegistry
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._delta_accel")
 
@@ -49,7 +51,7 @@ def _extension_on() -> Iterator[None]:
         yield
 
 
-def _pair(schema: ic.Schema) -> tuple[DeltaCodec, DeltaCodec]:
+def _pair(schema: Schema) -> tuple[DeltaCodec, DeltaCodec]:
     registry = delta_codec.default_registry()
     return DeltaCodec(schema=schema, registry=registry), DeltaCodec(
         schema=schema, registry=registry, pure_python=True
@@ -150,7 +152,7 @@ def frame_bodies(stream: bytes) -> list[bytes]:
         pos = body + length - 1
 
 
-def _message_classes(schema: ic.Schema) -> dict[str, Any]:
+def _message_classes(schema: Schema) -> dict[str, Any]:
     pool = descriptor_pool.DescriptorPool()
     for file in schema.parsed().file:
         pool.Add(file)
@@ -454,21 +456,21 @@ def test_format_1_is_flagged_in_the_first_byte() -> None:
 @pytest.mark.parametrize("schema", [DELTA_V2, DELTA_V1], ids=["v2", "v1"])
 @pytest.mark.parametrize("pure_python", [False, True], ids=["fast", "pure"])
 def test_a_reader_without_the_float32_fields_refuses_format_1(
-    schema: ic.Schema, pure_python: bool
+    schema: Schema, pure_python: bool
 ) -> None:
     """It would skip the float32 fields and read every logprob as 0.0."""
     reader = DeltaCodec(schema=schema, pure_python=pure_python)
     data = encode_both(PREVIOUS_CHUNKS)
     for piece in (data, data[:1]):
-        with pytest.raises(ic.IncompatibleSchemaError, match="float32"):
+        with pytest.raises(IncompatibleSchemaError, match="float32"):
             reader.stream_decoder(ic.TokenChunk).feed(piece)
-    with pytest.raises(ic.IncompatibleSchemaError):
+    with pytest.raises(IncompatibleSchemaError):
         reader.decode(FAST.encode(PREVIOUS_CHUNKS[1]), ic.TokenChunk)
 
 
-@pytest.mark.parametrize("mode", list(ic.Compatibility))
-def test_every_mode_accepts_v3_after_v2_and_v3_reads_both(mode: ic.Compatibility) -> None:
-    registry = ic.SchemaRegistry(compatibility=mode)
+@pytest.mark.parametrize("mode", list(Compatibility))
+def test_every_mode_accepts_v3_after_v2_and_v3_reads_both(mode: Compatibility) -> None:
+    registry = SchemaRegistry(compatibility=mode)
     v1, v2, v3 = (DeltaCodec(schema=s, registry=registry) for s in (DELTA_V1, DELTA_V2, DELTA_V3))
     assert registry.versions(delta_codec.SUBJECT) == [1, 2, 3]
     chunks = [c for c in workloads.get("stream-16-top5").messages() if isinstance(c, ic.TokenChunk)]
@@ -488,7 +490,7 @@ def _outcome(reader: DeltaCodec, data: bytes) -> Any:
     """The chunks of a whole stream, or the package's error (nothing else may escape)."""
     try:
         return [comparable(c) for c in decode(reader, data)]
-    except (ic.DecodeError, ic.IncompatibleSchemaError) as exc:
+    except (ic.DecodeError, IncompatibleSchemaError) as exc:
         return type(exc), str(exc)
 
 

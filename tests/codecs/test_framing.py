@@ -25,12 +25,18 @@ from hypothesis import strategies as st
 
 import inferwire.codecs as ic
 from inferwire import workloads
+from inferwire.codecs.base import DEFAULT_MAX_ELEMENTS
 from inferwire.codecs.delta_codec import DeltaCodec
-from inferwire.codecs.framing import LengthPrefixedEncoder
+from inferwire.codecs.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    BytesLike,
+    LengthPrefixedEncoder,
+    StreamDecoder,
+)
 from tests.codecs.accel_helpers import peak_memory
 
 NAMES = ic.names()
-JSON_CODECS = [n for n in NAMES if ic.get(n).media_type == "application/json"]
+JSON_CODECS = [n for n in NAMES if ic.get(n, extensions=True).media_type == "application/json"]
 BINARY_CODECS = [n for n in NAMES if n not in JSON_CODECS]
 MiB = 1024 * 1024
 
@@ -38,7 +44,9 @@ MiB = 1024 * 1024
 def codec_of(spec: str) -> ic.Codec:
     """``name`` or ``name/ndjson``: a registered codec, or a JSON codec with NDJSON framing."""
     name, _, framing = spec.partition("/")
-    return ic.get(name, framing=framing) if framing else ic.get(name)
+    return (
+        ic.get(name, framing=framing, extensions=True) if framing else ic.get(name, extensions=True)
+    )
 
 
 # Every stream framing there is: SSE and NDJSON for each JSON codec, length-prefixed for the rest.
@@ -61,7 +69,7 @@ def shared_length_prefixed(codec: ic.Codec) -> bool:
     return isinstance(codec.stream_encoder(), LengthPrefixedEncoder)
 
 
-SHARED_LP_CODECS = [n for n in BINARY_CODECS if shared_length_prefixed(ic.get(n))]
+SHARED_LP_CODECS = [n for n in BINARY_CODECS if shared_length_prefixed(ic.get(n, extensions=True))]
 
 
 def varint(value: int) -> bytes:
@@ -156,7 +164,7 @@ def frames_of(codec: ic.Codec, messages: list[Any]) -> list[bytes]:
     return [*(encoder.encode(m) for m in messages), encoder.end()]
 
 
-def feed_all(decoder: ic.StreamDecoder[Any], pieces: Iterable[ic.BytesLike]) -> list[Any]:
+def feed_all(decoder: StreamDecoder[Any], pieces: Iterable[BytesLike]) -> list[Any]:
     out: list[Any] = []
     for piece in pieces:
         out += decoder.feed(piece)
@@ -308,25 +316,27 @@ def test_single_byte_corruptions_of_a_stream(spec: str) -> None:
 # -- frame limits ----------------------------------------------------------------------------
 
 
-LENGTH_FIELDS = [(n, field) for n in BINARY_CODECS for field in length_claims(ic.get(n), 0)]
+LENGTH_FIELDS = [
+    (n, field) for n in BINARY_CODECS for field in length_claims(ic.get(n, extensions=True), 0)
+]
 
 
 @pytest.mark.parametrize(("name", "field"), LENGTH_FIELDS)
 def test_a_length_claiming_4_gib_is_refused_without_allocating(name: str, field: str) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     decoder = codec.stream_decoder(_type(codec))
     with peak_memory(MiB), pytest.raises(ic.FrameTooLargeError) as info:
         decoder.feed(length_claims(codec, 2**32 - 1)[field])
     assert info.value.declared_bytes == 2**32 - 1
     # the delta codec's frames are token chunks: its element budget bounds them lower
-    limit = ic.DEFAULT_MAX_ELEMENTS if name == "delta" else ic.DEFAULT_MAX_FRAME_BYTES
+    limit = DEFAULT_MAX_ELEMENTS if name == "delta" else DEFAULT_MAX_FRAME_BYTES
     assert info.value.max_frame_bytes == limit
-    assert 64 * MiB == ic.DEFAULT_MAX_FRAME_BYTES
+    assert 64 * MiB == DEFAULT_MAX_FRAME_BYTES
 
 
 @pytest.mark.parametrize("name", BINARY_CODECS)
 def test_an_oversized_length_is_refused_as_soon_as_it_is_whole(name: str) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     messages = small_messages(codec, 2)
     decoder = codec.stream_decoder(_type(codec))
     claim = frame_prefix(codec, 2**32 - 1)
@@ -339,8 +349,8 @@ def test_an_oversized_length_is_refused_as_soon_as_it_is_whole(name: str) -> Non
 def test_the_default_limit_is_64_mib(name: str, field: str) -> None:
     """64 MiB, but for the delta codec: its frames hold token chunks, one element per byte or
     more, so its element budget is the lower bound."""
-    codec = ic.get(name)
-    limit = ic.DEFAULT_MAX_ELEMENTS if name == "delta" else 64 * MiB
+    codec = ic.get(name, extensions=True)
+    limit = DEFAULT_MAX_ELEMENTS if name == "delta" else 64 * MiB
     at_limit = length_claims(codec, limit)[field]
     assert codec.stream_decoder(_type(codec)).feed(at_limit) == []  # needs more, no error
     with pytest.raises(ic.FrameTooLargeError):
@@ -395,7 +405,7 @@ def test_max_frame_bytes_must_be_positive(spec: str, limit: int) -> None:
 
 
 def _binary_stream(name: str) -> tuple[ic.Codec, list[Any], list[bytes]]:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     messages = small_messages(codec, 2)
     return codec, messages, frames_of(codec, messages)
 
@@ -438,7 +448,7 @@ def test_an_unknown_frame_kind(name: str, kind: int) -> None:
 
 @pytest.mark.parametrize("name", SHARED_LP_CODECS)
 def test_a_frame_that_is_not_a_message(name: str) -> None:
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     with pytest.raises(ic.DecodeError):
         codec.stream_decoder(_type(codec)).feed(b"\x00\x00\x00\x00\x03\xff\xff\xff")
 
@@ -448,7 +458,7 @@ def test_a_frame_that_is_not_a_message(name: str) -> None:
 
 def _sse_parts(name: str) -> tuple[ic.Codec, list[Any], list[bytes]]:
     """A JSON codec, its messages, and each message's JSON payload."""
-    codec = ic.get(name)
+    codec = ic.get(name, extensions=True)
     messages = small_messages(codec, 3)
     return codec, messages, [codec.encode(m) for m in messages]
 
@@ -522,7 +532,7 @@ def test_sse_stream_without_done_is_incomplete(name: str) -> None:
 @pytest.mark.parametrize("event", [b"data: {}", b"data: [DONE", b"data: ", b"data", b"data: null"])
 def test_sse_data_that_is_not_a_chunk_is_a_decode_error(name: str, event: bytes) -> None:
     with pytest.raises(ic.DecodeError):
-        ic.get(name).stream_decoder(ic.TokenChunk).feed(event + b"\n\n")
+        ic.get(name, extensions=True).stream_decoder(ic.TokenChunk).feed(event + b"\n\n")
 
 
 _EOLS = (b"\n", b"\r\n", b"\r")
@@ -566,7 +576,7 @@ def test_sse_any_line_endings_comments_fields_and_splits(name: str, data: st.Dat
 
 @pytest.mark.parametrize("name", JSON_CODECS)
 def test_ndjson_is_one_object_a_line_ending_with_a_count(name: str) -> None:
-    codec = ic.get(name, framing="ndjson")
+    codec = ic.get(name, framing="ndjson", extensions=True)
     assert codec.name == name
     messages = small_messages(codec, 3)
     frames = frames_of(codec, messages)
@@ -587,7 +597,7 @@ def test_ndjson_is_one_object_a_line_ending_with_a_count(name: str) -> None:
     ],
 )
 def test_ndjson_end_line_must_count_what_arrived(name: str, end: bytes) -> None:
-    codec = ic.get(name, framing="ndjson")
+    codec = ic.get(name, framing="ndjson", extensions=True)
     messages = small_messages(codec, 3)
     stream = b"".join(frames_of(codec, messages)[:-1]) + end
     with pytest.raises(ic.DecodeError):
@@ -596,7 +606,7 @@ def test_ndjson_end_line_must_count_what_arrived(name: str, end: bytes) -> None:
 
 @pytest.mark.parametrize("name", JSON_CODECS)
 def test_ndjson_accepts_crlf_lines(name: str) -> None:
-    codec = ic.get(name, framing="ndjson")
+    codec = ic.get(name, framing="ndjson", extensions=True)
     messages = small_messages(codec, 3)
     stream = b"".join(f.replace(b"\n", b"\r\n") for f in frames_of(codec, messages)[:-1])
     decoder = codec.stream_decoder(ic.TokenChunk)

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 import inferwire.codecs as ic
 from inferwire.codecs import kserve
+from inferwire.codecs.errors import DepthLimitError, ElementBudgetError
+from inferwire.codecs.model import DATATYPES
 from inferwire.codecs.tensor_codec import MAGIC
 from tests.codecs.test_codecs import tensors
 
@@ -70,7 +72,7 @@ def test_nested_data_in_the_tensors_shape_is_the_same_as_flat(
     from_nested = _decode({"inputs": [_input(nested, shape, datatype)]}).request.inputs[0]
     assert from_flat == from_nested
     assert from_flat.shape == tuple(shape)
-    assert from_flat.data.dtype == ic.DATATYPES[datatype]
+    assert from_flat.data.dtype == DATATYPES[datatype]
 
 
 def test_id_parameters_and_requested_outputs_are_read() -> None:
@@ -164,7 +166,7 @@ def test_the_tensor_codec_is_an_extension_body_behind_its_prefix(
 
 
 def _tensor(data: Any, datatype: str, name: str = "output_0") -> ic.Tensor:
-    array = np.array(data, dtype=ic.DATATYPES[datatype])
+    array = np.array(data, dtype=DATATYPES[datatype])
     return ic.Tensor(name=name, datatype=datatype, shape=array.shape, data=array)
 
 
@@ -452,10 +454,10 @@ def test_a_json_length_outside_the_body_is_refused(json_length: int) -> None:
 
 def test_the_json_is_held_to_the_decode_limits() -> None:
     deep = b'{"inputs": [], "zz": ' + b"[" * 600 + b"]" * 600 + b"}"
-    with pytest.raises(ic.DepthLimitError):
+    with pytest.raises(DepthLimitError):
         kserve.decode_request(deep, model="m")
     many = orjson.dumps({"inputs": [_input(list(range(300_000)), [300_000])]})
-    with pytest.raises(ic.ElementBudgetError):
+    with pytest.raises(ElementBudgetError):
         kserve.decode_request(many, model="m")
     assert kserve.decode_request(many, model="m", max_elements=400_000).request.inputs
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import inferwire.codecs as ic
-from inferwire.codecs.model import arrays_equal, datatype_of, dtype_of
+from inferwire.codecs.model import DATATYPES, arrays_equal, datatype_of, dtype_of
 
 MODEL_CLASSES = [
     ic.Usage,
@@ -27,7 +27,7 @@ MODEL_CLASSES = [
 
 
 def _tensor(data: Any, datatype: str = "FP32", name: str = "t") -> ic.Tensor:
-    array = np.asarray(data, dtype=ic.DATATYPES[datatype])
+    array = np.asarray(data, dtype=DATATYPES[datatype])
     return ic.Tensor(name=name, datatype=datatype, shape=array.shape, data=array)
 
 
@@ -76,11 +76,11 @@ def test_defaults() -> None:
 
 
 def test_datatypes_are_the_kserve_names_in_little_endian() -> None:
-    assert set(ic.DATATYPES) == {
+    assert set(DATATYPES) == {
         "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
         "FP16", "FP32", "FP64", "BYTES",
     }  # fmt: skip
-    for name, dtype in ic.DATATYPES.items():
+    for name, dtype in DATATYPES.items():
         assert dtype_of(name) == dtype
         assert datatype_of(np.zeros(1, dtype)) == name
         assert dtype.byteorder in "<|="
@@ -158,7 +158,7 @@ def test_layout_does_not_take_part_in_equality() -> None:
 
 @given(
     hnp.arrays(
-        dtype=st.sampled_from([d for n, d in ic.DATATYPES.items() if n != "BYTES"]),
+        dtype=st.sampled_from([d for n, d in DATATYPES.items() if n != "BYTES"]),
         shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4),
     )
 )

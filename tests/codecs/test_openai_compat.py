@@ -19,6 +19,7 @@ from openai.types.chat import ChatCompletionChunk
 
 import inferwire.codecs as ic
 from inferwire import workloads
+from inferwire.codecs.integrity import StreamVerifier
 
 JSON_CODECS = [n for n in ic.names() if ic.get(n).media_type == "application/json"]
 MSGPACK_CODECS = ["msgpack", "msgspec-msgpack"]
@@ -151,7 +152,7 @@ def test_the_json_codecs_write_the_same_object(chunk: ic.TokenChunk) -> None:
 
 @given(chunk=openai_chunks)
 def test_the_msgpack_codecs_write_the_json_object_too(chunk: ic.TokenChunk) -> None:
-    expected = json.loads(ic.get("json").encode(chunk))
+    expected = json.loads(ic.get("json", extensions=True).encode(chunk))
     for name in MSGPACK_CODECS:
         unpacked: Any = msgpack.unpackb(ic.get(name).encode(chunk), raw=False)
         assert unpacked == expected, name
@@ -183,15 +184,32 @@ def test_without_extensions_a_chunk_has_the_fields_vllm_writes(name: str, worklo
 def test_without_extensions_the_json_codecs_write_the_same_object(chunk: ic.TokenChunk) -> None:
     objects = [json.loads(ic.get(n, extensions=False).encode(chunk)) for n in JSON_CODECS]
     assert all(o == objects[0] for o in objects[1:])
-    with_extensions = json.loads(ic.get("json").encode(chunk))
+    with_extensions = json.loads(ic.get("json", extensions=True).encode(chunk))
     del with_extensions["seq"], with_extensions["choices"][0]["token_ids"]
     assert objects[0] == with_extensions
 
 
 @pytest.mark.parametrize("name", JSON_CODECS)
-def test_extensions_are_the_default(name: str) -> None:
-    assert ic.get(name).encode(CHUNK) == ic.get(name, extensions=True).encode(CHUNK)
-    assert ic.get(name).extensions is True  # type: ignore[attr-defined]
+@pytest.mark.parametrize("workload", STREAMS)
+def test_by_default_the_json_codecs_write_openais_chunk(name: str, workload: str) -> None:
+    """No field of inferwire's own unless asked for: the bytes an OpenAI client receives."""
+    codec = ic.get(name)
+    assert codec.extensions is False
+    encoder = codec.stream_encoder()
+    for chunk in workloads.get(workload).messages():
+        assert isinstance(chunk, ic.TokenChunk)
+        payload = codec.encode(chunk)
+        assert payload == ic.get(name, extensions=False).encode(chunk)
+        assert encoder.encode(chunk) == b"data: " + payload + b"\n\n"
+        check_openai_chunk(payload, chunk)
+        obj = json.loads(payload)
+        assert "seq" not in obj
+        assert "token_ids" not in obj["choices"][0]
+        assert set(obj) == VLLM_CHUNK_KEYS | ({"usage"} if chunk.usage else set())
+    assert isinstance(CHUNK, ic.TokenChunk)
+    with_extensions = json.loads(ic.get(name, extensions=True).encode(CHUNK))
+    assert with_extensions["seq"] == CHUNK.seq
+    assert with_extensions["choices"][0]["token_ids"] == list(CHUNK.token_ids)
 
 
 @pytest.mark.parametrize("name", JSON_CODECS)
@@ -209,7 +227,7 @@ def test_without_extensions_a_stream_reads_back_numbered_by_place(name: str, wor
         dataclasses.replace(c, token_ids=()) for c in chunks if isinstance(c, ic.TokenChunk)
     ]
     # a stream without token ids cannot prove itself whole
-    verifier = ic.StreamVerifier()
+    verifier = StreamVerifier()
     for chunk in got:
         verifier.check(chunk)
     with pytest.raises(ic.IncompleteStreamError):
@@ -252,7 +270,7 @@ def test_without_extensions_any_openai_chunk_is_read(name: str, case: str) -> No
     assert [c.seq for c in got] == list(range(8))
     assert ic.get(name, extensions=False).decode(payload, ic.TokenChunk).seq == 0
     with pytest.raises(ic.DecodeError):  # with extensions, a chunk must carry them
-        ic.get(name).decode(payload, ic.TokenChunk)
+        ic.get(name, extensions=True).decode(payload, ic.TokenChunk)
 
 
 @pytest.mark.parametrize("name", JSON_CODECS)

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 import inferwire.codecs as ic
 from inferwire import workloads
 from inferwire.codecs import protobuf_codec as pc
+from inferwire.codecs.base import DEFAULT_MAX_ELEMENTS
 from inferwire.codecs.errors import ElementBudgetError
 from inferwire.codecs.model import TokenChunk, TokenLogprob, TopLogprob, Usage
 from inferwire.codecs.pbwire import I32, I64, LEN, VARINT, key, length_delimited, varint
@@ -45,7 +46,7 @@ from tests.codecs.accel_helpers import (
 )
 
 ACCEL: Any = importlib.import_module("inferwire.codecs._protobuf_accel")
-BUDGET = ic.DEFAULT_MAX_ELEMENTS
+BUDGET = DEFAULT_MAX_ELEMENTS
 
 
 def configure() -> None:
@@ -494,8 +495,8 @@ def check_same_decode(data: Any, *, fast: ProtobufCodec | None = None) -> tuple[
     upb = UPB if fast is None else ProtobufCodec(marshal="upb", max_elements=fast.max_elements)
     expected = decoded_by(upb, data)
     assert decoded_by(codec, data) == expected
-    assert outcome(codec._decoder_of(TokenChunk), data) == outcome(
-        upb._decoder_of(TokenChunk), data
+    assert outcome(codec.decode_function(TokenChunk), data) == outcome(
+        upb.decode_function(TokenChunk), data
     )
     return expected
 

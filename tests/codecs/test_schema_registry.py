@@ -18,9 +18,11 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 
 import inferwire.codecs as ic
 from inferwire.codecs import compat, delta_codec
+from inferwire.codecs.errors import CorruptRegistryError, IncompatibleSchemaError, SchemaError
+from inferwire.codecs.schema_registry import Compatibility, Schema, SchemaRegistry
 
 F = descriptor_pb2.FieldDescriptorProto
-C = ic.Compatibility
+C = Compatibility
 PACKAGE = "test.v1"
 
 # -- building schemas ------------------------------------------------------------------------
@@ -66,11 +68,11 @@ def base_file() -> descriptor_pb2.FileDescriptorProto:
     return file
 
 
-def schema_of(*files: descriptor_pb2.FileDescriptorProto) -> ic.Schema:
+def schema_of(*files: descriptor_pb2.FileDescriptorProto) -> Schema:
     pool = descriptor_pool.DescriptorPool()
     for file in files:
         pool.Add(file)  # raises if protobuf itself would refuse the schema
-    return ic.Schema(descriptor_pb2.FileDescriptorSet(file=files).SerializeToString())
+    return Schema(descriptor_pb2.FileDescriptorSet(file=files).SerializeToString())
 
 
 def message(file: descriptor_pb2.FileDescriptorProto, path: str) -> descriptor_pb2.DescriptorProto:
@@ -99,7 +101,7 @@ def remove_field(file: descriptor_pb2.FileDescriptorProto, path: str, *, reserve
         owner.reserved_range.add(start=number, end=number + 1)
 
 
-def edited(change: Callable[[descriptor_pb2.FileDescriptorProto], None]) -> ic.Schema:
+def edited(change: Callable[[descriptor_pb2.FileDescriptorProto], None]) -> Schema:
     file = base_file()
     change(file)
     return schema_of(file)
@@ -246,7 +248,7 @@ CHANGES: dict[str, tuple[Callable[[Any], None], set[str], set[str]]] = {
 }
 
 
-def rules_of(error: ic.IncompatibleSchemaError) -> set[str]:
+def rules_of(error: IncompatibleSchemaError) -> set[str]:
     assert all(isinstance(v, compat.Violation) for v in error.violations)
     return {v.rule for v in error.violations if isinstance(v, compat.Violation)}
 
@@ -273,12 +275,12 @@ def test_every_rule_is_exercised() -> None:
     ("change", "backward", "forward"), list(CHANGES.values()), ids=list(CHANGES)
 )
 def test_each_mode_accepts_or_refuses_each_change(
-    mode: ic.Compatibility,
+    mode: Compatibility,
     change: Callable[[Any], None],
     backward: set[str],
     forward: set[str],
 ) -> None:
-    registry = ic.SchemaRegistry(compatibility=mode)
+    registry = SchemaRegistry(compatibility=mode)
     assert registry.register("s", BASE) == 1
     new = edited(change)
     broken = (backward if mode in BACKWARD_MODES else set()) | (
@@ -289,7 +291,7 @@ def test_each_mode_accepts_or_refuses_each_change(
         assert registry.register("s", new) == 2
         assert registry.versions("s") == [1, 2]
         return
-    with pytest.raises(ic.IncompatibleSchemaError) as info:
+    with pytest.raises(IncompatibleSchemaError) as info:
         registry.register("s", new)
     assert rules_of(info.value) == broken
     for rule in broken:
@@ -321,11 +323,11 @@ def test_compat_check_names_where_each_rule_is_broken(
 
 def test_removing_a_field_is_backward_and_forward_asymmetric() -> None:
     new = edited(_remove_not_reserving)
-    backward = ic.SchemaRegistry(compatibility=C.BACKWARD)
-    forward = ic.SchemaRegistry(compatibility=C.FORWARD)
+    backward = SchemaRegistry(compatibility=C.BACKWARD)
+    forward = SchemaRegistry(compatibility=C.FORWARD)
     for registry in (backward, forward):
         registry.register("s", BASE)
-    with pytest.raises(ic.IncompatibleSchemaError, match=compat.FIELD_REMOVED_NOT_RESERVED):
+    with pytest.raises(IncompatibleSchemaError, match=compat.FIELD_REMOVED_NOT_RESERVED):
         backward.register("s", new)
     assert forward.register("s", new) == 2
 
@@ -403,15 +405,15 @@ FIRST_REFUSED = {
     [(chain, mode, at) for chain, modes in FIRST_REFUSED.items() for mode, at in modes.items()],
 )
 def test_transitive_modes_check_every_earlier_version(
-    chain: str, mode: ic.Compatibility, refused: int | None
+    chain: str, mode: Compatibility, refused: int | None
 ) -> None:
     assert set(FIRST_REFUSED[chain]) == set(C)
-    registry = ic.SchemaRegistry()
+    registry = SchemaRegistry()
     registry.set_compatibility("s", mode)
     for version, change in enumerate(CHAINS[chain], start=1):
         schema = edited(change)
         if version == refused:
-            with pytest.raises(ic.IncompatibleSchemaError):
+            with pytest.raises(IncompatibleSchemaError):
                 registry.register("s", schema)
             assert registry.versions("s") == list(range(1, version))
             return
@@ -420,10 +422,10 @@ def test_transitive_modes_check_every_earlier_version(
 
 
 def test_a_transitive_mode_names_the_rule_an_old_version_breaks() -> None:
-    registry = ic.SchemaRegistry(compatibility=C.BACKWARD_TRANSITIVE)
+    registry = SchemaRegistry(compatibility=C.BACKWARD_TRANSITIVE)
     for change in CHAINS["reservation forgotten"][:3]:
         registry.register("s", edited(change))
-    with pytest.raises(ic.IncompatibleSchemaError) as info:
+    with pytest.raises(IncompatibleSchemaError) as info:
         registry.register("s", edited(CHAINS["reservation forgotten"][3]))
     (violation,) = info.value.violations
     assert isinstance(violation, compat.Violation)
@@ -435,7 +437,7 @@ def test_a_transitive_mode_names_the_rule_an_old_version_breaks() -> None:
 
 
 def test_ids_subjects_and_versions() -> None:
-    registry = ic.SchemaRegistry()
+    registry = SchemaRegistry()
     added = edited(_add_field)
     assert registry.register("a", BASE) == 1
     assert registry.register("a", added) == 2
@@ -465,15 +467,15 @@ def test_ids_subjects_and_versions() -> None:
     ids=["versions-of-unknown", "version-of-unknown", "version-0", "version-past", "version-neg"],
 )
 def test_asking_for_what_is_not_there_is_a_schema_error(ask: Callable[[Any], Any]) -> None:
-    registry = ic.SchemaRegistry()
+    registry = SchemaRegistry()
     registry.register("a", BASE)
-    with pytest.raises(ic.SchemaError):
+    with pytest.raises(SchemaError):
         ask(registry)
 
 
 @pytest.mark.parametrize("schema_id", [0, 2, -1, 2**32])
 def test_an_unknown_id_is_an_unknown_schema_error(schema_id: int) -> None:
-    registry = ic.SchemaRegistry()
+    registry = SchemaRegistry()
     registry.register("a", BASE)
     with pytest.raises(ic.UnknownSchemaError) as info:
         registry.resolve(schema_id)
@@ -493,7 +495,7 @@ def test_a_comment_only_change_keeps_the_id() -> None:
     assert commented.descriptor_set != BASE.descriptor_set
     assert commented == BASE
     assert hash(commented) == hash(BASE)
-    registry = ic.SchemaRegistry()
+    registry = SchemaRegistry()
     assert registry.register("a", BASE) == 1
     assert registry.register("a", commented) == 1
     assert registry.register("b", commented) == 1
@@ -501,15 +503,15 @@ def test_a_comment_only_change_keeps_the_id() -> None:
 
 
 def test_a_schema_that_is_not_a_descriptor_set_is_a_schema_error() -> None:
-    registry = ic.SchemaRegistry()
+    registry = SchemaRegistry()
     for data in (b"\xff\xff\xff", b"", b"\x0a"):
-        with pytest.raises(ic.SchemaError):
-            registry.register("a", ic.Schema(data))
+        with pytest.raises(SchemaError):
+            registry.register("a", Schema(data))
     assert registry.subjects() == []
 
 
 def test_modes_per_subject() -> None:
-    registry = ic.SchemaRegistry()
+    registry = SchemaRegistry()
     assert registry.default_compatibility == C.BACKWARD
     assert registry.compatibility("anything") == C.BACKWARD
     registry.set_compatibility("a", "FORWARD")
@@ -519,7 +521,7 @@ def test_modes_per_subject() -> None:
     registry.register("b", BASE)
     new = edited(_remove_not_reserving)
     assert registry.register("a", new) == 2
-    with pytest.raises(ic.IncompatibleSchemaError):
+    with pytest.raises(IncompatibleSchemaError):
         registry.register("b", new)
     registry.set_compatibility("b", C.NONE)
     assert registry.register("b", new) == 2
@@ -540,7 +542,7 @@ def test_modes_per_subject() -> None:
     ],
 )
 def test_what_each_mode_checks(
-    mode: ic.Compatibility, backward: bool, forward: bool, transitive: bool
+    mode: Compatibility, backward: bool, forward: bool, transitive: bool
 ) -> None:
     assert (mode.backward, mode.forward, mode.transitive) == (backward, forward, transitive)
     assert C(str(mode)) is mode
@@ -549,8 +551,8 @@ def test_what_each_mode_checks(
 # -- persistence -------------------------------------------------------------------------------
 
 
-def _saved_registry() -> ic.SchemaRegistry:
-    registry = ic.SchemaRegistry(compatibility=C.FULL)
+def _saved_registry() -> SchemaRegistry:
+    registry = SchemaRegistry(compatibility=C.FULL)
     registry.register("a", BASE)
     registry.register("a", edited(_add_field))
     registry.set_compatibility("b", C.NONE)
@@ -563,7 +565,7 @@ def test_save_and_load_keep_ids_versions_and_modes(tmp_path: Path) -> None:
     registry = _saved_registry()
     path = tmp_path / "registry.json"
     registry.save(path)
-    loaded = ic.SchemaRegistry.load(path)
+    loaded = SchemaRegistry.load(path)
     assert loaded.to_json() == registry.to_json()
     assert loaded.default_compatibility == C.FULL
     assert loaded.compatibility("b") == C.NONE
@@ -578,7 +580,7 @@ def test_save_and_load_keep_ids_versions_and_modes(tmp_path: Path) -> None:
     assert loaded.register("c", edited(_add_field)) == 2
     assert loaded.register(delta_codec.SUBJECT, delta_codec.DELTA_V2) == 5
     # the modes still apply
-    with pytest.raises(ic.IncompatibleSchemaError):
+    with pytest.raises(IncompatibleSchemaError):
         loaded.register("a", edited(_remove_not_reserving))
 
 
@@ -589,9 +591,7 @@ def test_a_stream_written_before_a_restart_decodes_after_it(tmp_path: Path) -> N
     chunk = ic.TokenChunk(id="r", model="m", created=1, index=0, seq=0, token_ids=(1,), text="a")
     data = writer.encode(chunk)
     registry.save(path)
-    reader = delta_codec.DeltaCodec(
-        schema=delta_codec.DELTA_V1, registry=ic.SchemaRegistry.load(path)
-    )
+    reader = delta_codec.DeltaCodec(schema=delta_codec.DELTA_V1, registry=SchemaRegistry.load(path))
     assert reader.schema_id == writer.schema_id == 4
     assert reader.decode(data, ic.TokenChunk) == chunk
 
@@ -604,7 +604,7 @@ def test_save_replaces_the_file_whole(tmp_path: Path) -> None:
     registry.register("d", edited(_add_message))
     registry.save(path)
     assert [p.name for p in tmp_path.iterdir()] == ["registry.json"]  # no temporary left
-    assert ic.SchemaRegistry.load(path).to_json() == registry.to_json()
+    assert SchemaRegistry.load(path).to_json() == registry.to_json()
 
 
 def _good_file() -> dict[str, Any]:
@@ -655,13 +655,13 @@ CORRUPT_FILES = {
 def test_a_corrupt_file_is_a_corrupt_registry_error(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "registry.json"
     path.write_bytes(content)
-    with pytest.raises(ic.CorruptRegistryError) as info:
-        ic.SchemaRegistry.load(path)
-    assert isinstance(info.value, ic.SchemaError)
+    with pytest.raises(CorruptRegistryError) as info:
+        SchemaRegistry.load(path)
+    assert isinstance(info.value, SchemaError)
 
 
 def test_the_file_the_corrupt_ones_are_made_from_loads(tmp_path: Path) -> None:
     """Each corrupt file above is one change away from this one."""
     path = tmp_path / "registry.json"
     path.write_bytes(_mutated(lambda d: None))
-    assert ic.SchemaRegistry.load(path).to_json() == _good_file()
+    assert SchemaRegistry.load(path).to_json() == _good_file()

@@ -14,6 +14,7 @@ import pytest
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire import workloads
+from inferwire.codecs.errors import DuplicateFrameError, ReorderedFrameError, SequenceGapError
 from inferwire.codecs.integrity import AlteredStreamError, StreamVerifier
 from inferwire.load import load_command, metrics, openloop
 from inferwire.workloads import token_stream_source
@@ -47,15 +48,15 @@ def _recount(chunks: list[ic.TokenChunk], tokens: int) -> list[ic.TokenChunk]:
 
 
 BROKEN: dict[str, tuple[Callable[[list[ic.TokenChunk]], list[ic.TokenChunk]], type[Exception]]] = {
-    "first lost": (lambda c: c[1:], ic.SequenceGapError),
-    "middle lost": (lambda c: c[:5] + c[6:], ic.SequenceGapError),
-    "many lost": (lambda c: c[:2] + c[9:], ic.SequenceGapError),
-    "last before the end lost": (lambda c: c[:-2] + c[-1:], ic.SequenceGapError),
-    "duplicated": (lambda c: c[:5] + c[4:], ic.DuplicateFrameError),
-    "first duplicated": (lambda c: c[:1] + c, ic.DuplicateFrameError),
-    "end marker duplicated": (lambda c: c + c[-1:], ic.DuplicateFrameError),
-    "reordered": (lambda c: _swap(c, 4), ic.ReorderedFrameError),
-    "end marker ahead": (lambda c: _swap(c, len(c) - 2), ic.ReorderedFrameError),
+    "first lost": (lambda c: c[1:], SequenceGapError),
+    "middle lost": (lambda c: c[:5] + c[6:], SequenceGapError),
+    "many lost": (lambda c: c[:2] + c[9:], SequenceGapError),
+    "last before the end lost": (lambda c: c[:-2] + c[-1:], SequenceGapError),
+    "duplicated": (lambda c: c[:5] + c[4:], DuplicateFrameError),
+    "first duplicated": (lambda c: c[:1] + c, DuplicateFrameError),
+    "end marker duplicated": (lambda c: c + c[-1:], DuplicateFrameError),
+    "reordered": (lambda c: _swap(c, 4), ReorderedFrameError),
+    "end marker ahead": (lambda c: _swap(c, len(c) - 2), ReorderedFrameError),
     "no end marker": (lambda c: c[:-1], ic.IncompleteStreamError),
     "empty": (lambda c: [], ic.IncompleteStreamError),
     "chunk after the end marker": (
@@ -108,13 +109,13 @@ def test_sequence_errors_say_where() -> None:
     verifier = StreamVerifier()
     verifier.check(CHUNKS[0])
     assert verifier.check(CHUNKS[3]) == 0  # held: a gap or a reordering, the next one tells
-    with pytest.raises(ic.SequenceGapError) as caught:
+    with pytest.raises(SequenceGapError) as caught:
         verifier.check(CHUNKS[4])
     assert (caught.value.expected, caught.value.received) == (1, 3)
     verifier = StreamVerifier()
     for chunk in CHUNKS[:4]:
         verifier.check(chunk)
-    with pytest.raises(ic.DuplicateFrameError) as dup:
+    with pytest.raises(DuplicateFrameError) as dup:
         verifier.check(CHUNKS[2])
     assert (dup.value.expected, dup.value.received) == (4, 2)
 

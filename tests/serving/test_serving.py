@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import inferwire.codecs as ic
 import inferwire.serving as iws
 from inferwire import workloads
+from inferwire.codecs.framing import StreamEncoder
 from inferwire.serving.negotiation import parse_accept
 
 STREAM_CODECS = [n for n in ic.names() if ic.TokenChunk in ic.get(n).types]
@@ -339,10 +340,10 @@ def test_usage_placement_matches_the_transports() -> None:
     codec = ic.get("orjson", extensions=False)
     import orjson
 
-    from inferwire.codecs.framing import stream_encoder
+    from inferwire.codecs.framing import framed_encoder
 
     theirs = openai_bodies.UsageAsOpenAI(
-        codec.stream_encoder(), stream_encoder("sse", orjson.dumps), include_usage=True
+        codec.stream_encoder(), framed_encoder("sse", orjson.dumps), include_usage=True
     )
     expected = b"".join(theirs.encode(c) for c in chunks) + theirs.end()
     assert _wire(chunks, ic.get("orjson")) == expected
@@ -485,15 +486,15 @@ def test_importing_serving_imports_no_framework() -> None:
 # -- OpenAI's events from a template -------------------------------------------------------
 
 
-def _reference(codec: str) -> ic.StreamEncoder:
+def _reference(codec: str) -> StreamEncoder:
     """The events as the codec writes them, chunk by chunk, with no template."""
     import orjson
 
-    from inferwire.codecs.framing import stream_encoder
+    from inferwire.codecs.framing import framed_encoder
 
     plain = ic.get(codec, extensions=False)
     return iws.UsageAsOpenAI(
-        stream_encoder("sse", plain.encode), stream_encoder("sse", orjson.dumps)
+        framed_encoder("sse", plain.encode), framed_encoder("sse", orjson.dumps)
     )
 
 
@@ -501,7 +502,7 @@ def _reference(codec: str) -> ic.StreamEncoder:
 @pytest.mark.parametrize("workload", [w for w in workloads.names() if w.startswith("stream")])
 def test_templated_events_are_the_codecs_bytes(codec: str, workload: str) -> None:
     chunks = list(workloads.token_stream_source(workload, 5))
-    fast, slow = iws.stream_encoder(ic.get(codec)), _reference(codec)
+    fast, slow = iws.response_encoder(ic.get(codec)), _reference(codec)
     assert [fast.encode(c) for c in chunks] == [slow.encode(c) for c in chunks]
 
 
@@ -511,14 +512,14 @@ def test_templated_events_hold_any_text(text: str, model: str, id_: str) -> None
     builder = iws.ChunkBuilder(model, id=id_)
     chunks = [builder.chunk("a"), builder.chunk(text), builder.chunk(text + text)]
     for codec in ("orjson", "msgspec-json"):
-        fast, slow = iws.stream_encoder(ic.get(codec)), _reference(codec)
+        fast, slow = iws.response_encoder(ic.get(codec)), _reference(codec)
         assert [fast.encode(c) for c in chunks] == [slow.encode(c) for c in chunks]
 
 
 @pytest.mark.parametrize("codec", ["orjson", "msgspec-json"])
 def test_a_lone_surrogate_is_the_codecs_encode_error(codec: str) -> None:
     builder = iws.ChunkBuilder("m")
-    encoder = iws.stream_encoder(ic.get(codec))
+    encoder = iws.response_encoder(ic.get(codec))
     encoder.encode(builder.chunk("first"))
     encoder.encode(builder.chunk("templated"))
     with pytest.raises(ic.EncodeError):
@@ -526,7 +527,7 @@ def test_a_lone_surrogate_is_the_codecs_encode_error(codec: str) -> None:
 
 
 def test_a_new_response_gets_its_own_template() -> None:
-    encoder = iws.stream_encoder(ic.get("orjson"))
+    encoder = iws.response_encoder(ic.get("orjson"))
     for model in ("a", "b"):
         builder = iws.ChunkBuilder(model)
         encoder.encode(builder.chunk("x"))

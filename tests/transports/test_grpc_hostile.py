@@ -27,6 +27,7 @@ import pytest
 
 import inferwire.codecs as ic
 import inferwire.transports as it
+from inferwire.codecs.errors import ElementBudgetError
 from inferwire.schemas import inferwire_pb2 as pb
 from inferwire.transports.grpc_transport import GrpcClient
 from tests.helpers.faults import expected_chunks, infer_request, serving, wait_until
@@ -169,7 +170,7 @@ def test_grpc_request_over_the_server_limit_is_resource_exhausted_on_the_wire() 
 def test_grpc_response_over_the_client_limit_is_message_too_large() -> None:
     """A server that answers with more than the client accepts: refused by the client's
     receive limit, and the next (small) answer on the same channel is read."""
-    codec = ic.get("orjson")
+    codec = ic.get("orjson", extensions=True)
 
     async def infer(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         request = codec.decode(data, ic.InferRequest)
@@ -205,7 +206,7 @@ def test_grpc_client_holds_the_codec_limits_on_a_hostile_stream(codec: str) -> N
     """A server that sends one chunk of a million token ids (3-7 MB, under the 64 MiB message
     limit): the client decodes through the codec, whose element budget (262,144) refuses it
     before a million Python ints are built (about 36 MB); the error is the transport's."""
-    hostile = ic.get(codec).encode(
+    hostile = ic.get(codec, extensions=True).encode(
         ic.TokenChunk(
             id="x", model="m", created=0, index=0, seq=0, text="", token_ids=tuple(range(MILLION))
         )
@@ -232,7 +233,7 @@ def test_grpc_client_holds_the_codec_limits_on_a_hostile_stream(codec: str) -> N
 
     error, peak = asyncio.run(run())
     assert isinstance(error, it.ProtocolError), repr(error)
-    assert isinstance(error.__cause__, ic.ElementBudgetError), repr(error.__cause__)
+    assert isinstance(error.__cause__, ElementBudgetError), repr(error.__cause__)
     assert peak < 3 * len(hostile) + (4 << 20), f"peak {peak} bytes for {len(hostile)} received"
 
 
@@ -380,9 +381,12 @@ def test_grpc_raw_cancel_is_cancelled_and_frees_the_handler() -> None:
 @pytest.mark.parametrize("codec", ["orjson", "protobuf", "delta"])
 def test_grpc_stream_cancelled_by_the_server_is_an_error(codec: str) -> None:
     """A server that sends three chunks and then ends the call as CANCELLED."""
-    encoder = ic.get(codec).stream_encoder() if codec == "delta" else None
+    encoder = ic.get(codec, extensions=True).stream_encoder() if codec == "delta" else None
     chunks = expected_chunks("stream-16")
-    frames = [encoder.encode(c) if encoder else ic.get(codec).encode(c) for c in chunks[:3]]
+    frames = [
+        encoder.encode(c) if encoder else ic.get(codec, extensions=True).encode(c)
+        for c in chunks[:3]
+    ]
 
     async def generate(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         for frame in frames:

@@ -170,14 +170,14 @@ def test_http1_requests_before_a_refused_one_are_answered_in_order(event_loop_ki
                 "POST",
                 "/v2/models/x/infer",
                 "application/json",
-                ic.get("orjson").encode(infer_request()),
+                ic.get("orjson", extensions=True).encode(infer_request()),
                 close=False,
             )
             bad = _HEAD + b"content-length: 73\r\ncontent-length: 0\r\n\r\n" + _GENERATE
             data = await exchange(srv.host, srv.port, good + bad + _SMUGGLED, timeout_s=BOUND_S)
             responses = _responses(data)
             assert [status for status, _, _ in responses] == [200, 400]
-            response = ic.get("orjson").decode(responses[0][2], ic.InferResponse)
+            response = ic.get("orjson", extensions=True).decode(responses[0][2], ic.InferResponse)
             assert response.outputs[0].data.tolist() == infer_request().inputs[0].data.tolist()
             _assert_refusal(responses[1], {400})
             assert srv.service.streams_started == 0

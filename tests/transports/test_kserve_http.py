@@ -37,7 +37,9 @@ def server_thread(transport: str = "http1", codec: str = "orjson") -> Iterator[s
 
     async def main() -> None:
         service = it.SimulatedService(token_stream_source)
-        server = it.server_class(transport)(service, ic.get(codec), limits=it.Limits())
+        server = it.server_class(transport)(
+            service, ic.get(codec, extensions=True), limits=it.Limits()
+        )
         try:
             host, port = await server.start()
             state["address"] = f"{host}:{port}"
@@ -375,7 +377,7 @@ def test_a_codec_media_type_is_read_with_the_servers_codec_and_json_with_the_pro
         id="p",
         inputs=(ic.Tensor(name="x", datatype="INT8", shape=(2,), data=np.array([1, -1], "i1")),),
     )
-    codec = ic.get("protobuf")
+    codec = ic.get("protobuf", extensions=True)
     protobuf: Exchange = (
         "POST",
         "/v2/models/m/infer",

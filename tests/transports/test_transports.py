@@ -1,7 +1,7 @@
 """Every transport with every codec, end to end, against ``inferwire serve`` subprocesses,
 on both event loops.
 
-The servers are ``python -m inferwire.transports.serve serve`` processes, started once per
+The servers are ``python -m inferwire.cli serve`` processes, started once per
 (transport, codec, tls, loop) on a free port of 127.0.0.1; the tests are clients in this
 process. Every case runs twice (the ``event_loop_kind`` fixture of ``tests/conftest.py``): with
 servers and client on asyncio's own loop, and with both on uvloop (``serve --loop uvloop``, the
@@ -42,6 +42,8 @@ import inferwire.transports as it
 from inferwire import workloads
 from inferwire._runtime import loops
 from inferwire.codecs.delta_codec import DELTA_V2, SUBJECT, DeltaCodec, default_registry
+from inferwire.codecs.errors import SchemaRegistryUnavailableError
+from inferwire.codecs.schema_registry import Schema, SchemaRegistry
 from inferwire.transports.grpc_transport import GrpcClient
 from inferwire.transports.http1 import Http1Client
 from inferwire.transports.openai_api import chat_request_body
@@ -52,9 +54,11 @@ from inferwire.workloads import token_stream_source
 T = TypeVar("T")
 
 CODECS: Final = ic.names()
-STREAM_CODECS: Final = [n for n in CODECS if ic.TokenChunk in ic.get(n).types]
-INFER_CODECS: Final = [n for n in CODECS if ic.InferRequest in ic.get(n).types]
-SSE_CODECS: Final = [n for n in CODECS if ic.get(n).stream_media_type == "text/event-stream"]
+STREAM_CODECS: Final = [n for n in CODECS if ic.TokenChunk in ic.get(n, extensions=True).types]
+INFER_CODECS: Final = [n for n in CODECS if ic.InferRequest in ic.get(n, extensions=True).types]
+SSE_CODECS: Final = [
+    n for n in CODECS if ic.get(n, extensions=True).stream_media_type == "text/event-stream"
+]
 # A loaded 2-core machine can take tens of seconds to start a few dozen interpreters.
 STARTUP_TIMEOUT_S: Final = 120.0
 STOP_TIMEOUT_S: Final = 20.0
@@ -122,7 +126,7 @@ class CliProcesses:
         log = self.folder / f"{len(self.processes)}-{args[0]}.stderr"
         with log.open("w") as stderr:
             process = subprocess.Popen(
-                [sys.executable, "-m", "inferwire.transports.serve", *args],
+                [sys.executable, "-m", "inferwire.cli", *args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -348,8 +352,10 @@ def test_tcp_infer_wire_bytes_are_what_the_server_exchanges(servers: Fleet, code
     request written by hand in the wire format and the answer read to its end."""
     server = servers.server("tcp", codec)
     request = infer_request()
-    body = ic.get(codec).encode(request)
-    sent, answered = infer_wire_bytes(ic.get(codec), request, SERVICE.infer(request))
+    body = ic.get(codec, extensions=True).encode(request)
+    sent, answered = infer_wire_bytes(
+        ic.get(codec, extensions=True), request, SERVICE.infer(request)
+    )
 
     async def exchange() -> bytes:
         reader, writer = await asyncio.open_connection(server.host, server.port)
@@ -473,7 +479,7 @@ def _h2c_client(url: str, **kw: Any) -> httpx.AsyncClient:
 
 
 def _decode_sse(body: bytes) -> list[ic.TokenChunk]:
-    decoder = ic.get("orjson").stream_decoder()
+    decoder = ic.get("orjson", extensions=True).stream_decoder()
     chunks = list(decoder.feed(body))
     decoder.close()
     assert decoder.finished
@@ -576,7 +582,7 @@ def test_delta_reader_resolves_the_writer_schema_over_http(servers: Fleet) -> No
     resolver = http_resolver(server.url)
     # each reader's own registry is empty: it registers its reader schema as id 1, while
     # the server writes id 3, which only the remote registry can resolve
-    readers = [DeltaCodec(registry=ic.SchemaRegistry(), resolver=resolver) for _ in range(3)]
+    readers = [DeltaCodec(registry=SchemaRegistry(), resolver=resolver) for _ in range(3)]
     assert {reader.schema_id for reader in readers} == {1}
     requests = [it.GenerateRequest(workload="stream-256", seed=seed) for seed in range(2)]
 
@@ -608,7 +614,7 @@ def test_registry_routes(servers: Fleet, transport: str) -> None:
     assert schema.status_code == 200
     document = schema.json()
     assert document["schemaType"] == "PROTOBUF"
-    assert ic.Schema(base64.b64decode(document["schema"])) == DELTA_V2
+    assert Schema(base64.b64decode(document["schema"])) == DELTA_V2
     assert missing.status_code == 404
     assert "999" in missing.json()["error"]["message"]
     assert versions.status_code == 200
@@ -634,15 +640,15 @@ def _closed_port() -> int:
 
 def test_unreachable_registry(servers: Fleet) -> None:
     url = f"http://127.0.0.1:{_closed_port()}"
-    with pytest.raises(ic.SchemaRegistryUnavailableError):
+    with pytest.raises(SchemaRegistryUnavailableError):
         HttpSchemaResolver(url, timeout_s=10).resolve(2)
     # met inside a stream: a protocol error caused by the registry, not a silent short stream
     server = servers.server("http1", "delta")
-    reader = DeltaCodec(registry=ic.SchemaRegistry(), resolver=http_resolver(url))
+    reader = DeltaCodec(registry=SchemaRegistry(), resolver=http_resolver(url))
     request = it.GenerateRequest(workload="stream-16")
     with pytest.raises(it.TransportError) as raised:
         servers.run(stream_once("http1", server.address, reader, request))
-    assert isinstance(raised.value.__cause__, ic.SchemaRegistryUnavailableError)
+    assert isinstance(raised.value.__cause__, SchemaRegistryUnavailableError)
 
 
 # -- connections ---------------------------------------------------------------------------
@@ -732,7 +738,9 @@ def test_server_stops_after_serve_forever_was_cancelled(
 
     async def serve_cancel_stop() -> None:
         service = it.SimulatedService(token_stream_source)
-        server = it.server_class(transport)(service, ic.get("protobuf"), host="127.0.0.1")
+        server = it.server_class(transport)(
+            service, ic.get("protobuf", extensions=True), host="127.0.0.1"
+        )
         await server.start()
         serving = asyncio.ensure_future(server.serve_forever())
         await asyncio.sleep(0.2)

@@ -16,6 +16,7 @@ import pytest
 
 import inferwire.codecs as ic
 from inferwire import workloads
+from inferwire.codecs.model import DATATYPES
 
 STREAMS = workloads.names("stream")
 NAMES = [
@@ -245,7 +246,7 @@ def test_image_tensors(name: str, datatype: str) -> None:
     (tensor,) = request.inputs
     assert tensor.datatype == datatype
     assert tensor.shape == tensor.data.shape == (1, 3, 224, 224)
-    assert tensor.data.dtype == ic.DATATYPES[datatype]
+    assert tensor.data.dtype == DATATYPES[datatype]
     assert not tensor.data.flags.writeable
     assert np.isfinite(tensor.data).all()
     # ImageNet-normalized pixels lie within about [-2.2, 2.7]

@@ -27,7 +27,7 @@ from typing import ClassVar, Final
 
 import httptools
 
-import inferwire.codecs as ic
+from inferwire.codecs.schema_registry import SchemaRegistry
 
 from ..base import Server
 from ..common import aclose_quietly
@@ -187,7 +187,7 @@ class Http1Server(Server):
     transport: ClassVar[str] = "http1"
 
     def __init__(
-        self, *args: object, registry: ic.SchemaRegistry | None = None, **kwargs: object
+        self, *args: object, registry: SchemaRegistry | None = None, **kwargs: object
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.app = HttpApp(

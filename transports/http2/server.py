@@ -41,7 +41,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-import inferwire.codecs as ic
+from inferwire.codecs.schema_registry import SchemaRegistry
 
 from .. import h2guard
 from ..base import Server
@@ -497,7 +497,7 @@ class Http2Server(Server):
     transport: ClassVar[str] = "http2"
 
     def __init__(
-        self, *args: object, registry: ic.SchemaRegistry | None = None, **kwargs: object
+        self, *args: object, registry: SchemaRegistry | None = None, **kwargs: object
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.app = HttpApp(

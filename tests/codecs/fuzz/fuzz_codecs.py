@@ -35,7 +35,9 @@ with atheris.instrument_imports(include=["inferwire.codecs"]):
     from inferwire.codecs.delta_codec import DeltaCodec
 
     # the codec modules load lazily, on first use: load them here, instrumented
-    CODECS: list[tuple[str, ic.Codec]] = [(name, ic.get(name)) for name in ic.names()]
+    CODECS: list[tuple[str, ic.Codec]] = [
+        (name, ic.get(name, extensions=True)) for name in ic.names()
+    ]
     CODECS.append(("delta-pure", DeltaCodec(pure_python=True)))
 
 # after the codecs, which it imports: imported first, they would not be instrumented
