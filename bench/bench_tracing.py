@@ -45,6 +45,7 @@ import contextlib
 import gc
 import io
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -87,6 +88,31 @@ def _git(*args: str) -> bytes:
     ).stdout
 
 
+_OLD_CODECS: Final = '''"""inferwire.codecs as the tree before the hooks knew it: today's
+package (its modules and compiled extensions are found in {real}), with the names it has since
+moved into submodules or renamed put back where that tree looks for them."""
+# ruff: noqa
+__path__ = ["{real}"]
+__file__ = "{real}/__init__.py"
+with open(__file__) as _source:
+    exec(compile(_source.read(), __file__, "exec"))
+from .base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS
+from .errors import *
+from .framing import DEFAULT_MAX_FRAME_BYTES, BytesLike, StreamDecoder, StreamEncoder
+from .integrity import StreamVerifier
+from .model import DATATYPES
+from .schema_registry import *
+from . import framing as _framing
+
+_framing.stream_encoder = _framing.framed_encoder
+_framing.stream_decoder = _framing.framed_decoder
+'''
+"""The tree's ``inferwire.codecs``: the codecs are today's, so both servers run the same codec
+code, and only the transports differ."""
+_OLD_LOOKUP: Final = re.compile(r"ic\.get\(((?:(?!extensions)[^()])+)\)")
+"""A codec lookup by name without the extensions option, in the tree before the hooks."""
+
+
 def _unhooked_tree(into: Path) -> Path | str:
     """An import root whose ``inferwire.transports`` is the one before the tracing hooks (and
     every other layer this tree's); or why there is none."""
@@ -100,10 +126,20 @@ def _unhooked_tree(into: Path) -> Path | str:
     source.mkdir()
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(source, filter="data")
+    # that tree runs on today's codecs, whose JSON codecs now leave inferwire's fields out unless
+    # asked; in its day a codec by name carried them, so its lookups ask, and it sends the bytes
+    # it sent then
+    for module in (source / "transports").rglob("*.py"):
+        text = module.read_text()
+        asked = _OLD_LOOKUP.sub(r"ic.get(\1, extensions=True)", text)
+        if asked != text:
+            module.write_text(asked)
     package = into / "tree" / "inferwire"
     package.mkdir(parents=True)
-    for layer in ("codecs", "schemas", "workloads", "bench"):
+    for layer in ("schemas", "workloads", "bench"):
         (package / layer).symlink_to(ROOT / layer)
+    (package / "codecs").mkdir()
+    (package / "codecs" / "__init__.py").write_text(_OLD_CODECS.format(real=ROOT / "codecs"))
     (package / "transports").symlink_to(source / "transports")
     return package.parent
 
@@ -179,6 +215,8 @@ class _Env:
             )
             if kind == "unhooked":
                 assert isinstance(self.unhooked, Path)
+                # that tree predates inferwire.cli: its server is its own module's command
+                process.args[process.args.index("inferwire.cli")] = "inferwire.transports.serve"
                 with _pythonpath(self.unhooked):
                     process.start()
             else:
