@@ -172,6 +172,11 @@ class TcpServer(Server):
             )
         async with contextlib.aclosing(frames):
             async for frame in frames:
+                if writer.is_closing():
+                    # the peer went away while the frame was made: uvloop's write on a closed
+                    # transport raises RuntimeError, asyncio's drops the bytes; either is a
+                    # stream the client left, not a server error
+                    raise ConnectionResetError("tcp: the client went away mid-stream")
                 writer.write(frame if stamps is None else _LEN.pack(len(frame)) + frame)
                 await writer.drain()
                 if stamps is not None:
