@@ -56,14 +56,14 @@ typecheck: $(STAMP) .typecheck/inferwire
 
 # Two processes, one test file each at a time (pytest-xdist, --dist loadfile keeps a file's
 # module fixtures in one process): most tests wait on sockets and sleeps, so this halves the
-# wall time on the two cores of this machine. The benchmark bodies below stay in one process
-# (pytest-benchmark turns itself off under xdist).
+# wall time on the two cores of this machine.
 unit: $(STAMP)
 	$(PYTEST) tests -n 2 --dist loadfile
 
-# Every benchmark body once, untimed: a broken benchmark fails CI.
+# Every benchmark body once, untimed: a broken benchmark fails CI. Untimed, the bodies run in two
+# processes too (a file's servers in one: --dist loadfile).
 benchcheck: $(STAMP)
-	$(PYTEST) bench --benchmark-disable
+	$(PYTEST) bench --benchmark-disable -n 2 --dist loadfile
 
 # System tools the tests drive, from Debian's packages, installed only when missing (so a second
 # run changes nothing): h2load loads the HTTP/2 server; a C++ compiler builds the FlatBuffers
@@ -93,7 +93,11 @@ sysdeps:
 wheelcheck: $(STAMP)
 	$(BIN)/python .ci/wheel_check.py
 
-test: sysdeps lint typecheck wheelcheck unit benchcheck
+# The type checks and the wheel check side by side: mypy keeps one core busy, the wheel check
+# mostly waits on pip and the compiler; the tests after them, which use both cores.
+test: sysdeps lint
+	$(MAKE) -j2 --output-sync=target typecheck wheelcheck
+	$(MAKE) unit benchcheck
 
 # The main job: the standard benchmark matrix, written to results/. Three repeats of every
 # timing suite, each in a fresh process (medians and their spread are published, and each
