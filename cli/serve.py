@@ -41,7 +41,18 @@ The service streams seeded token chunks of the workload a request names, paced b
 client measures serialization and transport alone. With --engine ENDPOINT the server is a
 frontend: it checks each request itself, and the engine process at ENDPOINT (inferwire engine)
 schedules, batches and paces it, its chunks crossing the hop in --engine-codec; a stream the
-engine cannot finish (it died, restarted or was overloaded) fails, never ends short."""
+engine cannot finish (it died, restarted or was overloaded) fails, never ends short; /health
+answers 503 while no engine is there.
+
+On the OpenAI API (http1, http2): --enable-per-request-metrics adds vLLM's per-request
+"metrics" object (queue_time_ms, time_to_first_token_ms, generation_time_ms, mean_itl_ms,
+tokens_per_second) to a non-streamed answer and to the usage chunk of a stream that asks for
+stream_options.include_usage; --stamps-file PATH writes one JSON line per answer with the
+request's raw time.monotonic_ns() stamps (request_id, model, stream, outcome, tokens,
+frontend_received_ns, engine_arrived_ns, engine_scheduled_ns, engine_first_token_ns,
+engine_last_token_ns, frontend_last_chunk_written_ns). Every server's metrics include vLLM's
+request histograms (vllm:request_queue_time_seconds, ..._prefill_..., ..._decode_...,
+..._inference_..., vllm:e2e_request_latency_seconds, vllm:time_to_first_token_seconds)."""
 
 PROXY_DESCRIPTION: Final = """\
 A TCP proxy that forwards every chunk it reads --delay-ms after it arrived, in each direction,
@@ -147,6 +158,20 @@ def add_commands(commands: Commands) -> None:
         type=positive,
         default=defaults.engine_liveness_timeout,
         help="seconds without a word from the engine before its open streams fail",
+    )
+    srv.add_argument(
+        "--enable-per-request-metrics",
+        action="store_true",
+        help="add vLLM's per-request metrics object to OpenAI answers (http1, http2): on a "
+        "non-streamed answer, and on the usage chunk of a stream that asks "
+        "stream_options.include_usage",
+    )
+    srv.add_argument(
+        "--stamps-file",
+        metavar="PATH",
+        help="write one JSON line per OpenAI answer (http1, http2) with the request's raw "
+        "time.monotonic_ns() stamps, from the frontend's receipt through the engine's to the "
+        "last chunk written (the file is created or emptied)",
     )
     add_loop_argument(srv)
     add_trace_arguments(srv, "each stream's stages")

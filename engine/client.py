@@ -11,9 +11,10 @@
 Per request the client holds the hop codec's stream decoder, fed each frame of the engine's
 OUTPUTS messages: a stream is complete only when the codec's end marker arrived and the
 decoder closes cleanly (and, when asked, its END_STATS came); every other end is a typed
-error (:mod:`inferwire.engine.hop`): :class:`EngineGoneError` when the engine process exits
-(``process`` given), stops answering (nothing heard for ``liveness_timeout_s``: it sends a
-heartbeat every ~0.15 s and answers the client's pings) or restarts (a new session);
+error (:mod:`inferwire.engine.hop`): :class:`EngineGoneError` when the engine's connection
+closes (at once: see below), its process exits (``process`` given), it stops answering
+(nothing heard for ``liveness_timeout_s``: it sends a heartbeat every ~0.15 s and answers the
+client's pings) or restarts (a new session);
 :class:`EngineOverloadedError` when its waiting queue is full; :class:`StreamFailedError` when
 hop bytes do not decode.
 
@@ -22,6 +23,15 @@ Backpressure: each stream's decoded chunks wait in a queue for the consumer; at
 blocks) and below ``low_water`` RESUME, so a slow client never makes the frontend buffer a
 whole stream, and nothing is lost or reordered. The socket's high-water marks bound what
 ZeroMQ queues either way.
+
+A closed engine socket is noticed at once: the client watches its socket's ZeroMQ monitor for
+``EVENT_DISCONNECTED``, which the kernel's end of the connection (a FIN or a reset on tcp, the
+peer's close on ipc) raises however the engine ended: a clean exit, a crash, SIGKILL, on this
+host or another whose kernel is alive. The other two ways were weighed: a goodbye sent by the
+engine on shutdown says nothing when it is killed or crashes (the case that matters: streams
+were cut), and watching the engine's process works only when this frontend started it
+(``process``; kept, as it names the exit status). What none of them sees, a host that vanished
+or a network that dropped packets, the liveness timeout still catches.
 
 After the engine dies, the client keeps pinging; when an engine answers (ZeroMQ reconnects by
 itself) it says HELLO again and new streams work. :meth:`EngineClient.stats` holds what a
@@ -44,6 +54,7 @@ from typing import Final
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 import inferwire.codecs as ic
 from inferwire.codecs.framing import StreamDecoder
@@ -74,6 +85,7 @@ class EngineStream:
         "paused",
         "request",
         "stage_times",
+        "stamps",
     )
 
     def __init__(self, client: EngineClient, request: hop.Add) -> None:
@@ -89,6 +101,9 @@ class EngineStream:
         self.paused = False
         self.stage_times: dict[str, float] | None = None
         """The engine's stage times (END_STATS), when the request asked for them."""
+        self.stamps: hop.EngineStamps | None = None
+        """The engine's stamps of this request (``want_stamps``), set before its last chunk
+        is pushed."""
         self.decode_ns = 0
         """Time this stream's frames spent in the hop codec's decoder, ns."""
 
@@ -178,6 +193,7 @@ class EngineClient:
         self._hwm = hwm
         self._context: zmq.asyncio.Context | None = None
         self._socket: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
         self._streams: dict[str, EngineStream] = {}
         self._outbox: asyncio.Queue[list[bytes]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -210,6 +226,8 @@ class EngineClient:
         self._context = zmq.asyncio.Context()
         socket = self._context.socket(zmq.DEALER)
         configure(socket, hwm=self._hwm)
+        # before connect: a connection that fails at once is still seen
+        self._monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         socket.connect(self.endpoint)
         self._socket = socket
         self._last_heard_s = time.monotonic()
@@ -218,6 +236,7 @@ class EngineClient:
             asyncio.ensure_future(self._sender()),
             asyncio.ensure_future(self._receiver()),
             asyncio.ensure_future(self._pinger()),
+            asyncio.ensure_future(self._watcher()),
         ]
         return self
 
@@ -233,6 +252,10 @@ class EngineClient:
                 await task
         self._tasks = []
         if self._socket is not None:
+            if self._monitor is not None:
+                self._socket.disable_monitor()
+                self._monitor.close(linger=0)
+                self._monitor = None
             self._socket.close(linger=0)
             self._socket = None
         if self._context is not None:
@@ -244,6 +267,12 @@ class EngineClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    @property
+    def ready(self) -> bool:
+        """Whether an engine has welcomed this client and has not been lost since (what a
+        frontend's health route answers)."""
+        return self.engine_session is not None and self._refused is None
 
     # -- requests --
 
@@ -352,6 +381,19 @@ class EngineClient:
                 continue
             self._on_message(message)
 
+    async def _watcher(self) -> None:
+        """The socket monitor's EVENT_DISCONNECTED: the engine's end of the connection closed
+        (see the module docstring). ZeroMQ reconnects by itself; a new engine is greeted when
+        it answers a ping."""
+        assert self._monitor is not None
+        receive = self._monitor.recv_multipart
+        while True:
+            event = parse_monitor_message(await receive())
+            if event["event"] == zmq.EVENT_DISCONNECTED and (
+                self.engine_session is not None or self._streams
+            ):
+                self._lost("the engine closed its connection")
+
     async def _pinger(self) -> None:
         while True:
             await asyncio.sleep(self.ping_interval_s)
@@ -369,6 +411,10 @@ class EngineClient:
 
     def _on_message(self, message: hop.EngineMessage) -> None:
         if isinstance(message, hop.Outputs):
+            for stamps in message.stamps:
+                stream = self._streams.get(stamps.rid)
+                if stream is not None:
+                    stream.stamps = stamps
             self._outputs(message.items)
         elif isinstance(message, hop.Heartbeat):
             if message.session != self.engine_session:

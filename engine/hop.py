@@ -14,10 +14,12 @@ not part of it); its first frame is one byte naming its kind::
       b"?" PING      [kind]                 liveness, and asks for a HEARTBEAT back
       b"S" STATS     [kind]                 asks for the engine's counters (tests, benchmarks)
     engine -> frontend
-      b"O" OUTPUTS   [kind, rid, frame, rid, frame, ...]   every output of this frontend's
-                                            requests in one engine step; each frame is that
-                                            request's hop-codec stream bytes for the step (the
-                                            codec's end marker after its last chunk)
+      b"O" OUTPUTS   [kind, rid, frame, rid, frame, ..., [stamps]]   every output of this
+                                            frontend's requests in one engine step; each frame
+                                            is that request's hop-codec stream bytes for the
+                                            step (the codec's end marker after its last chunk);
+                                            an odd last frame: the EngineStamps of the requests
+                                            that finished in it and asked for them
       b"E" ERROR     [kind, Failure]        a request failed (overloaded, bad request), or
                                             the frontend was refused (rid "")
       b"T" END_STATS [kind, StageTimes]     per-request stage times, after its last output,
@@ -34,6 +36,15 @@ long) rather than reaching the engine as a malformed dict. Token chunks never tr
 payloads: they are the hop codec's stream bytes, chosen per deployment
 (:mod:`inferwire.engine.hop_codecs`).
 
+A request's stamps (:class:`EngineStamps`, when its ADD says ``want_stamps``) travel in the
+OUTPUTS message of its last output, as a frame of their own after the pairs, MessagePack like
+the control payloads: so they reach the frontend with the request's final chunk, whatever the
+hop codec (the codecs carry token chunks only, and a stamp is not a chunk's field). They are
+the engine's ``time.monotonic_ns()`` (CLOCK_MONOTONIC, the clock every process of a host
+shares): when the ADD arrived, when the request was first scheduled (the start of the step
+that first prefilled it), when its first and its last output left the engine (the end of
+their steps, once the step's modelled time has passed).
+
 Every failure to parse is a :class:`HopProtocolError`, never a ``struct.error``, an
 ``IndexError`` or a foreign ``msgspec`` error; the errors a frontend's caller sees when a stream
 cannot finish are the other subclasses of :class:`HopError`.
@@ -42,7 +53,7 @@ cannot finish are the other subclasses of :class:`HopError`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, Literal, TypeAlias
 
 import msgspec
@@ -76,7 +87,8 @@ WELCOME: Final = b"W"
 HEARTBEAT: Final = b"!"
 STATS_ANSWER: Final = b"s"
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
+"""2: ADD's ``want_stamps`` and OUTPUTS' stamps frame."""
 
 ErrorKind = Literal["overloaded", "bad-request", "refused", "protocol", "unknown-frontend"]
 """Why an ERROR was sent: ``overloaded`` (the engine's waiting queue is full), ``bad-request``
@@ -148,6 +160,7 @@ class Add(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=Tr
     prompt_tokens: Count = 0
     model: Name = ""
     want_stage_times: bool = False
+    want_stamps: bool = False
 
 
 class Failure(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
@@ -164,6 +177,18 @@ class StageTimes(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fi
 
     rid: Rid
     times: dict[Name, float]
+
+
+class EngineStamps(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """A finished request's times in the engine, ``time.monotonic_ns()`` (see the module
+    docstring): ``arrived_ns`` (its ADD read), ``scheduled_ns`` (first scheduled),
+    ``first_token_ns`` and ``last_token_ns`` (its first and last output sent)."""
+
+    rid: Rid
+    arrived_ns: Count
+    scheduled_ns: Count
+    first_token_ns: Count
+    last_token_ns: Count
 
 
 class Welcome(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -191,6 +216,7 @@ _CONTROL_DECODERS: Final[dict[bytes, msgspec.msgpack.Decoder[Any]]] = {
     STATS_ANSWER: msgspec.msgpack.Decoder(dict[Name, float | int | str]),
 }
 _encode_control = msgspec.msgpack.Encoder().encode
+_STAMPS_DECODER: Final = msgspec.msgpack.Decoder(list[EngineStamps])
 
 
 # -- events ---------------------------------------------------------------------------------
@@ -213,9 +239,11 @@ class Bare:
 
 @dataclass(frozen=True, slots=True)
 class Outputs:
-    """One engine step's outputs for one frontend: ``(rid, hop-codec bytes)`` pairs."""
+    """One engine step's outputs for one frontend: ``(rid, hop-codec bytes)`` pairs, and the
+    stamps of the requests that finished in it and asked for them."""
 
     items: list[tuple[str, bytes]]
+    stamps: list[EngineStamps] = field(default_factory=list)
 
 
 Stats: TypeAlias = dict[str, Any]
@@ -250,12 +278,17 @@ def stats_query() -> list[bytes]:
     return [STATS]
 
 
-def outputs(items: Sequence[tuple[bytes, bytes]]) -> list[bytes]:
-    """OUTPUTS of ``(rid as bytes, frame)`` pairs."""
+def outputs(
+    items: Sequence[tuple[bytes, bytes]], stamps: Sequence[EngineStamps] = ()
+) -> list[bytes]:
+    """OUTPUTS of ``(rid as bytes, frame)`` pairs, and the ``stamps`` of the requests whose
+    last output is among them (a frame after the pairs, only when there are some)."""
     frames = [OUTPUTS]
     for rid, frame in items:
         frames.append(rid)
         frames.append(frame)
+    if stamps:
+        frames.append(_encode_control(stamps))
     return frames
 
 
@@ -305,16 +338,19 @@ def parse_from_engine(frames: Sequence[bytes]) -> EngineMessage:
     """The message the engine sent. Raises :class:`HopProtocolError`."""
     kind = _kind(frames)
     if kind == OUTPUTS:
-        pairs = len(frames) - 1
-        if pairs < 2 or pairs % 2 or pairs // 2 > MAX_OUTPUTS:
+        parts = len(frames) - 1
+        pairs = parts - parts % 2  # an odd last frame: the stamps
+        if pairs < 2 or pairs // 2 > MAX_OUTPUTS:
             raise HopProtocolError(f"OUTPUTS of {len(frames)} frames")
         items = []
-        for i in range(1, len(frames), 2):
+        for i in range(1, pairs + 1, 2):
             frame = frames[i + 1]
             if len(frame) > MAX_PART_BYTES:
                 raise HopProtocolError(f"an OUTPUTS frame of {len(frame)} bytes")
             items.append((parse_rid(frames[i]), bytes(frame)))
-        return Outputs(items)
+        if parts == pairs:
+            return Outputs(items)
+        return Outputs(items, _stamps(frames[-1]))
     if kind in _FROM_ENGINE_CONTROL:
         message = _control(kind, frames)
         if isinstance(message, Failure) and message.kind not in ERROR_KINDS:
@@ -334,6 +370,18 @@ def parse_rid(data: bytes) -> str:
     if not rid.isprintable():
         raise HopProtocolError("a request id that is not printable")
     return rid
+
+
+def _stamps(data: bytes) -> list[EngineStamps]:
+    if len(data) > MAX_PART_BYTES:
+        raise HopProtocolError(f"a stamps frame of {len(data)} bytes")
+    try:
+        stamps = _STAMPS_DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise HopProtocolError(f"a stamps frame that does not decode: {exc}") from exc
+    if not stamps or len(stamps) > MAX_OUTPUTS:
+        raise HopProtocolError(f"a stamps frame of {len(stamps)} requests")
+    return stamps
 
 
 def _kind(frames: Sequence[bytes]) -> bytes:

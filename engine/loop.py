@@ -9,8 +9,9 @@ Each turn:
    receiving (a ZeroMQ poller's timeout is the wait), as a GPU step runs while the engine
    core's input thread reads the socket in vLLM;
 3. encode each output with its request's hop-codec stream encoder (the codec's end marker
-   after its last chunk) and send **one OUTPUTS message per frontend**, then END_STATS for the
-   requests that finished and asked for them;
+   after its last chunk) and send **one OUTPUTS message per frontend** (with the stamps of the
+   requests that finished in it and asked for them), then END_STATS for the requests that
+   finished and asked for them;
 4. heartbeats to idle frontends every ``--heartbeat-interval``; a frontend not heard from for
    ``--liveness-timeout`` (it pings every ~0.15 s) has its requests aborted, as does one that
    ZeroMQ can no longer route to (it disconnected) or that says HELLO with a new session.
@@ -30,6 +31,14 @@ prefill ran or while paused (the core's ``stall_s``); then ``encode_s``, the eng
 hop-codec encode time of its frames (measured, ``perf_counter_ns``), ``first_scheduled_s``
 arrival to its first iteration, ``ttft_s`` arrival to first chunk and ``engine_s`` arrival to
 last chunk (as modelled: a chunk is due at the end of its step).
+
+Stamps (:class:`~inferwire.engine.hop.EngineStamps`, in the OUTPUTS of its last output, when
+an ADD asks), ``time.monotonic_ns()`` read by this loop: ``arrived_ns`` when its ADD was read,
+``scheduled_ns`` when the step that first prefilled it started, ``first_token_ns`` and
+``last_token_ns`` when the outputs of its first and last step were sent, their modelled time
+waited out. The core keeps the same moments on its own clock, in seconds
+(:meth:`EngineCore.request_times`); these are the ones a frontend on this host compares with
+its own.
 """
 
 from __future__ import annotations
@@ -86,9 +95,13 @@ class _Request:
     key: str
     encoder: StreamEncoder
     want_times: bool
+    want_stamps: bool = False
     paused_by_frontend: bool = False
     next_index: int = 0
     encode_ns: int = 0
+    arrived_ns: int = 0
+    scheduled_ns: int = 0
+    first_token_ns: int = 0
 
 
 class EngineLoop:
@@ -153,6 +166,7 @@ class EngineLoop:
         core = self.core
         while not self._stopping:
             self._receive(0.0)
+            step_ns = time.monotonic_ns()
             result = core.step() if core.has_work() else None
             if result is None:
                 # idle, all paused, or a static batch waiting to fill: until a message comes,
@@ -163,6 +177,8 @@ class EngineLoop:
                     wait_s = min(wait_s, max(0.0, wakeup_s - core.clock.now()))
                 self._receive(wait_s)
             else:
+                if result.prefilled:
+                    self._scheduled(result.prefilled, step_ns)
                 deadline_s = clock() + result.duration_s
                 while (left_s := deadline_s - clock()) > 0 and not self._stopping:
                     self._receive(left_s)
@@ -235,6 +251,7 @@ class EngineLoop:
         self._send_to(identity, hop.welcome(self.session, self.codec.name))
 
     def _add(self, frontend: _Frontend, add: hop.Add) -> None:
+        arrived_ns = time.monotonic_ns()
         if add.rid in frontend.requests:
             self._fail(frontend, add.rid, "bad-request", f"request id {add.rid!r} is in use")
             return
@@ -260,7 +277,13 @@ class EngineLoop:
             self._fail(frontend, add.rid, "bad-request", str(exc))
             return
         request = _Request(
-            frontend, add.rid, key, self.codec.stream_encoder(), add.want_stage_times
+            frontend,
+            add.rid,
+            key,
+            self.codec.stream_encoder(),
+            add.want_stage_times,
+            add.want_stamps,
+            arrived_ns=arrived_ns,
         )
         frontend.requests[add.rid] = request
         self._requests[key] = request
@@ -299,15 +322,26 @@ class EngineLoop:
 
     # -- outputs ---------------------------------------------------------------------------
 
+    def _scheduled(self, keys: Sequence[str], step_ns: int) -> None:
+        """The requests ``keys`` were prefilled by the step that started at ``step_ns``."""
+        for key in keys:
+            request = self._requests.get(key)
+            if request is not None and not request.scheduled_ns:
+                request.scheduled_ns = step_ns
+
     def _deliver(self, result: StepResult) -> None:
         per_frontend: dict[_Frontend, list[tuple[bytes, bytes]]] = {}
+        stamps: dict[_Frontend, list[hop.EngineStamps]] = {}
         finished: list[_Request] = []
         perf = time.perf_counter_ns
+        sent_ns = time.monotonic_ns()  # the step's modelled time is over: its outputs leave
         for output in result.outputs:
             request = self._requests.get(output.rid)
             if request is None or output.index < request.next_index:
                 continue  # aborted while the step ran; or a chunk replayed after preemption
             request.next_index = output.index + 1
+            if not request.first_token_ns:
+                request.first_token_ns = sent_ns
             started = perf()
             data = request.encoder.encode(output.chunk)
             if output.finished:
@@ -320,9 +354,19 @@ class EngineLoop:
             )
             if output.finished:
                 finished.append(request)
+                if request.want_stamps:
+                    stamps.setdefault(request.frontend, []).append(
+                        hop.EngineStamps(
+                            request.rid,
+                            request.arrived_ns,
+                            request.scheduled_ns or request.arrived_ns,
+                            request.first_token_ns,
+                            sent_ns,
+                        )
+                    )
         for frontend, items in per_frontend.items():
             self.counters["outputs_sent"] += len(items)
-            self._send(frontend, hop.outputs(items))
+            self._send(frontend, hop.outputs(items, stamps.get(frontend, ())))
         for request in finished:
             self._forget(request)
             self.counters["requests_finished"] += 1

@@ -14,6 +14,7 @@ chunk of its own with ``"choices": []`` (:func:`inferwire.serving.response_encod
 
 from __future__ import annotations
 
+import secrets
 import time
 import uuid
 from collections.abc import Sequence
@@ -32,9 +33,17 @@ _MAX_TOKEN_ID: Final = (1 << 32) - 1
 """Token ids are uint32 in the binary codecs' schemas."""
 
 
-def completion_id() -> str:
-    """A fresh chat completion id: ``chatcmpl-`` and 32 hex digits (vLLM's form)."""
-    return f"chatcmpl-{uuid.uuid4().hex}"
+COMPLETION_ID_PREFIX: Final = "chatcmpl-"
+
+
+def completion_id(hex_digits: int = 32) -> str:
+    """A fresh chat completion id: ``chatcmpl-`` and ``hex_digits`` random hex digits (32 by
+    default: vLLM's form, a UUID4's hex)."""
+    if hex_digits == 32:
+        return f"{COMPLETION_ID_PREFIX}{uuid.uuid4().hex}"
+    if type(hex_digits) is not int or hex_digits < 1:
+        raise ValueError("hex_digits must be a positive integer")
+    return COMPLETION_ID_PREFIX + secrets.token_hex((hex_digits + 1) // 2)[:hex_digits]
 
 
 class ChunkBuilder:

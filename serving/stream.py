@@ -24,7 +24,7 @@ yields a chunk with no choices.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Final
 
@@ -65,17 +65,23 @@ def _openai_codec(name: str, framing: Framing) -> ic.Codec:
     return ic.get(name, framing=framing, extensions=False)
 
 
+UsageExtra = Callable[[ic.Usage], Mapping[str, Any]]
+"""Fields a server adds to the usage-only chunk after ``usage``, given the usage (vLLM's
+per-request ``metrics`` object, which inferwire's own server adds)."""
+
+
 def usage_chunk(
     chunk: ic.TokenChunk,
     usage: ic.Usage,
     *,
     object_: str = oa.CHUNK_OBJECT,
     id_: str | None = None,
+    extra: UsageExtra | None = None,
 ) -> dict[str, Any]:
     """OpenAI's last chunk of ``stream_options.include_usage``: no choices, the usage of the
     whole request; a chat chunk unless ``object_`` (and ``id_``) say otherwise (a legacy
-    ``text_completion``)."""
-    return {
+    ``text_completion``); ``extra``'s fields after the usage."""
+    obj = {
         "id": chunk.id if id_ is None else id_,
         "object": object_,
         "created": chunk.created,
@@ -83,6 +89,9 @@ def usage_chunk(
         "choices": [],
         "usage": oa.usage_obj(usage),
     }
+    if extra is not None:
+        obj.update(extra(usage))
+    return obj
 
 
 class UsageAsOpenAI:
@@ -91,17 +100,24 @@ class UsageAsOpenAI:
     nothing when ``include_usage`` is false (the request did not ask for it).
 
     ``chunks``: the codec's encoder (without extensions); ``objects``: an encoder of plain
-    objects in the same framing, for the usage-only chunk."""
+    objects in the same framing, for the usage-only chunk; ``usage_extra``: fields to add to
+    the usage-only chunk (:data:`UsageExtra`)."""
 
-    __slots__ = ("_encode", "_end", "_objects", "include_usage")
+    __slots__ = ("_encode", "_end", "_objects", "include_usage", "usage_extra")
 
     def __init__(
-        self, chunks: StreamEncoder, objects: StreamEncoder, *, include_usage: bool = True
+        self,
+        chunks: StreamEncoder,
+        objects: StreamEncoder,
+        *,
+        include_usage: bool = True,
+        usage_extra: UsageExtra | None = None,
     ) -> None:
         self._encode = chunks.encode
         self._end = chunks.end
         self._objects = objects
         self.include_usage = include_usage
+        self.usage_extra = usage_extra
 
     def encode(self, chunk: ic.TokenChunk, /) -> bytes:
         usage = chunk.usage
@@ -109,7 +125,7 @@ class UsageAsOpenAI:
             return self._encode(chunk)
         frame = self._encode(replace(chunk, usage=None))
         if self.include_usage:
-            frame += self._objects.encode(usage_chunk(chunk, usage))
+            frame += self._objects.encode(usage_chunk(chunk, usage, extra=self.usage_extra))
         return frame
 
     def end(self) -> bytes:

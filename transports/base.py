@@ -96,6 +96,8 @@ class Server(ABC):
         """Spans of each stream's stages (``--trace``, :mod:`.tracing`); None: untraced."""
         self.codec = codec
         self.metrics = metrics
+        if metrics is not None:
+            metrics.serve_models(service.models)
         self.host = host
         self.port = port
         self.tls = tls

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -15,7 +16,13 @@ import orjson
 
 import inferwire.codecs as ic
 
-from .errors import ConnectError, ProtocolError, TransportError, TransportTimeoutError
+from .errors import (
+    ConnectError,
+    ProtocolError,
+    ServiceUnavailableError,
+    TransportError,
+    TransportTimeoutError,
+)
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 """Largest request or response body any transport accepts unless told otherwise (the codecs'
@@ -42,6 +49,17 @@ class Limits:
 
 
 DEFAULT_LIMITS: Final = Limits()
+
+
+def log_failure(log: logging.Logger, what: str, exc: BaseException) -> None:
+    """A server's answer failed mid-way with ``exc`` (it goes on serving): one line when the
+    service could not finish it (:class:`ServiceUnavailableError`: the engine's failure, already
+    told to the client by the failed stream; an engine killed under load is hundreds of them),
+    a traceback for anything else, which is this server's own fault."""
+    if isinstance(exc, ServiceUnavailableError):
+        log.warning("%s: %s", what, exc)
+    else:
+        log.error("%s", what, exc_info=exc)
 
 
 def resolve_codec(codec: str | ic.Codec) -> ic.Codec:

@@ -8,9 +8,11 @@ and benchmarks compare with it), ``infer`` and ``models`` are local. Only ``batc
 ``generate``, which reads it) go through the engine: ADD on the hop, then lists of the chunks
 decoded so far, ABORT when the consumer goes away.
 
-A stream the engine cannot finish raises from ``batches`` (every server then fails the stream:
-tcp and http1 close the connection before the end marker, http2 resets the stream, grpc ends
-the call with an error status, so a client sees an error, never a short complete stream):
+A stream the engine cannot finish raises :class:`~inferwire.transports.errors.
+ServiceUnavailableError` from ``batches``, its ``__cause__`` the hop's error (every server then
+fails the stream: tcp and http1 close the connection before the end marker, http2 resets the
+stream, grpc ends the call with status ``UNAVAILABLE``, so a client sees an error, never a
+short complete stream; the server logs it in one line, the engine's failure not its own):
 
 - :class:`~inferwire.engine.hop.EngineGoneError`: the engine died, stopped answering or
   restarted mid-stream;
@@ -20,6 +22,11 @@ the call with an error status, so a client sees an error, never a short complete
   server-side error, the closest they have; the error's type says why in the server's log;
 - :class:`~inferwire.engine.hop.StreamFailedError`: the hop bytes did not decode or the
   codec's end marker did not come.
+
+With ``want_stamps``, each request asks the engine for its stamps (``want_stamps``), which arrive
+with its last output and go into its :class:`TokenStream`'s ``stamps`` before its last chunk is
+handed over (:mod:`~inferwire.transports.request_stamps`). :meth:`EngineService.healthy` is
+whether an engine is there now (a frontend's ``/health``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from inferwire.engine import hop
 from inferwire.engine.client import EngineClient, EngineStream
 from inferwire.workloads import MODEL
 
+from .errors import ServiceUnavailableError
 from .service import MAX_BATCH_CHUNKS, SimulatedService, Source, TokenStream
 
 
@@ -49,10 +57,12 @@ class EngineService(SimulatedService):
         cache_size: int = 64,
         models: Sequence[str] = (MODEL,),
         stage_times: bool = False,
+        want_stamps: bool = False,
     ) -> None:
         super().__init__(source, cache_size=cache_size, models=models)
         self.client = client
         self.stage_times = stage_times
+        self.want_stamps = want_stamps
         self.last_stage_times: dict[str, float] | None = None
         """The stage times of the stream that ended last (with ``stage_times``)."""
 
@@ -61,30 +71,53 @@ class EngineService(SimulatedService):
         spent decoding the engine's frames, ``chunks_decoded``, PAUSE and RESUME sent, ..."""
         return self.client.stats()
 
+    def healthy(self) -> bool:
+        """Whether an engine has welcomed the client and is not known to be gone."""
+        return self.client.ready
+
+    @property
+    def instant(self) -> bool:
+        """Never: the engine plays every stream, the ones answered whole too."""
+        return False
+
     async def batches(
         self, stream: TokenStream, *, max_chunks: int = MAX_BATCH_CHUNKS
     ) -> AsyncGenerator[list[TokenChunk], None]:
         """The engine's stream as lists of the chunks decoded so far (at most
-        ``max_chunks``). Raises a :class:`~inferwire.engine.hop.HopError` when the stream
-        cannot finish; closing the generator aborts the request on the engine."""
+        ``max_chunks``). Raises :class:`ServiceUnavailableError` (from the hop's error) when
+        the stream cannot finish; closing the generator aborts the request on the engine."""
         self.active_streams += 1
         self.streams_started += 1
         engine_stream: EngineStream | None = None
+        stamps = stream.stamps
+        stamps.engine(0, 0, 0, 0)
         try:
             request = stream.request
-            engine_stream = await self.client.open_stream(
-                hop.Add(
-                    rid="-",
-                    workload=request.workload,
-                    seed=request.seed,
-                    max_tokens=request.max_tokens,
-                    prompt_tokens=request.prompt_tokens,
-                    model=request.model,
-                    want_stage_times=self.stage_times,
+            try:
+                engine_stream = await self.client.open_stream(
+                    hop.Add(
+                        rid="-",
+                        workload=request.workload,
+                        seed=request.seed,
+                        max_tokens=request.max_tokens,
+                        prompt_tokens=request.prompt_tokens,
+                        model=request.model,
+                        want_stage_times=self.stage_times,
+                        want_stamps=self.want_stamps,
+                    )
                 )
-            )
-            while batch := await engine_stream.next_batch(max_chunks):
-                yield batch
+                while batch := await engine_stream.next_batch(max_chunks):
+                    engine = engine_stream.stamps
+                    if engine is not None and not stamps.last_token_ns:  # with the last chunk
+                        stamps.engine(
+                            engine.arrived_ns,
+                            engine.scheduled_ns,
+                            engine.first_token_ns,
+                            engine.last_token_ns,
+                        )
+                    yield batch
+            except hop.HopError as exc:
+                raise ServiceUnavailableError(f"{type(exc).__name__}: {exc}") from exc
             if engine_stream.stage_times is not None:
                 times = dict(engine_stream.stage_times)
                 times["hop_decode_s"] = engine_stream.decode_ns / 1e9

@@ -87,6 +87,13 @@ class CancelledByPeerError(TransportError):
     """The server cancelled the call (gRPC ``CANCELLED``, HTTP/2 ``RST_STREAM``)."""
 
 
+class ServiceUnavailableError(TransportError):
+    """The service could not finish a stream for a reason outside this server: the engine
+    behind a frontend went away, restarted or was overloaded (``__cause__`` says which). A
+    server fails the stream as for any error, so its client sees it fail, and logs one line,
+    not a traceback: nothing in this server went wrong."""
+
+
 class BadRequestError(ValueError):
     """A request the service cannot answer: transports send it back as 400 /
     ``INVALID_ARGUMENT`` and keep serving. Not a :class:`TransportError`: nothing failed to

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
@@ -43,7 +44,7 @@ from inferwire.schemas import inferwire_pb2 as pb
 from . import grpc_envelope as envelope
 from . import kserve_grpc
 from .base import Client, Server
-from .common import translate
+from .common import log_failure, translate
 from .errors import (
     BadRequestError,
     CancelledByPeerError,
@@ -51,6 +52,7 @@ from .errors import (
     MessageTooLargeError,
     ProtocolError,
     RemoteError,
+    ServiceUnavailableError,
     StreamTruncatedError,
     TransportError,
     TransportTimeoutError,
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
     from .tracing import ServerTrace
 
 TRAILER_BIN: Final = TRAILER + "-bin"
+_log = logging.getLogger(__name__)
 BATCH_CHUNKS: Final = 256
 """Most chunks one ``GenerateBatched`` message carries. The other transports write at most
 ``MAX_BATCH_CHUNKS`` (32, about 8 KiB of SSE) at once, a socket write being cheap; a gRPC
@@ -262,7 +265,7 @@ class GrpcServer(Server):
         assert self.tracer is not None
         metadata = dict(context.invocation_metadata() or ())
         return self.tracer.server_request(
-            metadata.get(TRACEPARENT), received_ns, stamps, stream.request.workload
+            metadata.get(TRACEPARENT), received_ns, stamps, stream.request.workload, stream.stamps
         )
 
     @staticmethod
@@ -290,6 +293,8 @@ class GrpcServer(Server):
                         stamps.written()  # grpc sent the message: the nearest to "written"
                     if meter is not None:
                         meter.written(len(message))
+        except ServiceUnavailableError as exc:
+            await self._unavailable(context, exc, meter)
         except BaseException as exc:
             if meter is not None:
                 meter.failed(exc)
@@ -324,6 +329,8 @@ class GrpcServer(Server):
                         stamps.written()
                     if meter is not None:
                         meter.written(len(message))
+        except ServiceUnavailableError as exc:
+            await self._unavailable(context, exc, meter)
         except BaseException as exc:
             if meter is not None:
                 meter.failed(exc)
@@ -331,6 +338,17 @@ class GrpcServer(Server):
         self._send_stamps(context, stamps)
         if meter is not None:
             meter.finish("ok")
+
+    @staticmethod
+    async def _unavailable(
+        context: grpc.aio.ServicerContext, exc: ServiceUnavailableError, meter: RequestMeter | None
+    ) -> None:
+        """The service could not finish the stream: ``UNAVAILABLE`` (a client may retry), and
+        one line in the log (:func:`~inferwire.transports.common.log_failure`)."""
+        if meter is not None:
+            meter.failed(exc)
+        log_failure(_log, "grpc: stream failed", exc)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
     async def _session(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext

@@ -15,6 +15,7 @@ from .timing import ServerStamps
 
 if TYPE_CHECKING:
     from .metrics import RequestMeter
+    from .request_stamps import RequestStamps
 
 JSON: Final = "application/json"
 
@@ -33,6 +34,9 @@ class Response:
     meter: RequestMeter | None = None
     """When the server records metrics: the sender calls ``meter.written(n)`` after each write
     and ``meter.answered(status)`` (or ``meter.failed(exc)``) at the end."""
+    request_stamps: RequestStamps | None = None
+    """An answer made of a token stream that is not streamed: its stamps, which its meter
+    observes when it ends (a stream's meter has them from the stream)."""
 
 
 def error(

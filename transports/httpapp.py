@@ -7,7 +7,8 @@ POST     /v1/chat/completions            the OpenAI API as vLLM serves it
 POST     /v1/completions                 (:mod:`inferwire.transports.openai_api`):
 GET      /v1/models                      completions streamed (SSE, or the codec's
 GET      /v1/models/{id}                 frames by ``Accept``) and not, the models
-GET      /health                         200, empty: vLLM's liveness route
+GET      /health                         200, empty: vLLM's liveness route; 503 while
+                                         the engine behind a frontend is away
 *        /v2, /v2/...                    KServe v2 / Open Inference Protocol
                                          (:mod:`inferwire.transports.kserve_http`)
 GET      /schemas/ids/{id}               a schema of the registry (Confluent's paths)
@@ -38,7 +39,7 @@ from .http_response import JSON as _JSON
 from .http_response import Response, error
 from .kserve_http import KServeHttp
 from .metrics import SCRAPE_PATH, exposition
-from .openai_api import OpenAIApi
+from .openai_api import OpenAIApi, OpenAIOptions
 from .service import SimulatedService
 
 if TYPE_CHECKING:
@@ -65,12 +66,13 @@ class HttpApp:
         registry: SchemaRegistry | None = None,
         metrics: ServerMetrics | None = None,
         tracer: Tracer | None = None,
+        openai: OpenAIOptions | None = None,
     ) -> None:
         self.service = service
         self.codec = codec
         self.registry = registry
         self.metrics = metrics
-        self.openai = OpenAIApi(service, codec, metrics=metrics, tracer=tracer)
+        self.openai = OpenAIApi(service, codec, metrics=metrics, tracer=tracer, options=openai)
         self.kserve = KServeHttp(service, codec, metrics=metrics)
 
     def handle(
@@ -96,6 +98,7 @@ class HttpApp:
             raise
         if response.meter is None:  # the routes meter their streams, the rest is unary
             response.meter = metrics.start("unary", received_ns)
+            response.meter.stamps = response.request_stamps
         return response
 
     def _route(
@@ -109,7 +112,8 @@ class HttpApp:
         if method != "GET":
             return error(404, f"no route {path}")
         if path == "/health":  # vLLM's liveness route, which load tools (guidellm) check first
-            return Response(200, "text/plain; charset=utf-8")
+            # vLLM answers 503 when its engine is dead; a frontend's engine may be away
+            return Response(200 if self.service.healthy() else 503, "text/plain; charset=utf-8")
         match = _SCHEMA_PATH.fullmatch(path)
         if match and self.registry is not None:
             return self._schema(int(match.group(1)))

@@ -31,6 +31,30 @@ Latency buckets are :data:`~inferwire.transports.metrics_core.LATENCY_BUCKETS_S`
 bound, so an alert on P99 > 500 ms reads an exact bucket), encode buckets
 :data:`~inferwire.transports.metrics_core.ENCODE_BUCKETS_S`.
 
+**vLLM's own names**, beside these, so that what reads a vLLM server's ``/metrics`` reads
+inferwire's (``inferwire load``'s attribution does): vLLM V1's request histograms, with its
+names, help texts, bucket bounds (``vllm/v1/metrics/loggers.py``) and labels, ``model_name``
+(the model that served the request) and ``engine`` (vLLM's data-parallel rank: always ``0``
+here). Observed once per request answered ``ok`` that streamed tokens (a non-streamed OpenAI
+answer too), from the request's stamps (:mod:`~inferwire.transports.request_stamps`: the
+engine's with ``--engine``, else the simulated service's):
+
+``vllm:request_queue_time_seconds``
+    Arrived in the engine -> first scheduled (0 for the simulated service: no queue).
+``vllm:request_prefill_time_seconds``
+    First scheduled -> first token.
+``vllm:request_decode_time_seconds``
+    First token -> last token.
+``vllm:request_inference_time_seconds``
+    First scheduled -> last token.
+``vllm:e2e_request_latency_seconds``
+    Request received whole by the frontend -> the frontend holds its last token.
+``vllm:time_to_first_token_seconds``
+    Request received whole by the frontend -> the frontend holds its first token.
+
+The time to first token and end to end differ from ``inferwire_*``'s by the write: vLLM's stop
+when its frontend has the token, inferwire's when its bytes are written.
+
 **The labels.** ``transport`` is the server's (``tcp``, ``http1``, ``http2``, ``grpc``) and
 ``codec`` its ``--codec``, on every route it serves: the OpenAI API's JSON answers of a server
 whose codec is binary, and the KServe v2 protocol's bodies, count under the server's codec,
@@ -72,13 +96,48 @@ from typing import Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest, start_http_server
 
-from .metrics_core import ENCODE_BUCKETS_S, Histogram, MetricSet
+from .metrics_core import (
+    ENCODE_BUCKETS_S,
+    VLLM_REQUEST_BUCKETS_S,
+    VLLM_TTFT_BUCKETS_S,
+    Histogram,
+    HistogramFamily,
+    MetricSet,
+)
+from .request_stamps import RequestStamps
 from .timing import now_ns
 
 KINDS: Final = ("stream", "unary")
 OUTCOMES: Final = ("ok", "bad_request", "cancelled", "error")
 SCRAPE_PATH: Final = "/metrics"
 _NS: Final = 1e-9
+VLLM_ENGINE: Final = "0"
+"""The ``engine`` label of the vLLM-named histograms: one engine (vLLM's DP rank 0)."""
+VLLM_HISTOGRAMS: Final = (
+    (
+        "queue",
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+    ),
+    (
+        "prefill",
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+    ),
+    (
+        "decode",
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+    ),
+    (
+        "inference",
+        "vllm:request_inference_time_seconds",
+        "Histogram of time spent in RUNNING phase for request.",
+    ),
+    ("e2e", "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
+    ("ttft", "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
+)
+"""(interval of :meth:`RequestStamps.intervals_s`, vLLM's name, vLLM's help text)."""
 
 
 class ServerMetrics:
@@ -150,6 +209,37 @@ class ServerMetrics:
         self.tokens = tokens.labels(*labels)
         self.in_flight = in_flight.labels(transport)
         self.encode_seconds(codec)
+        self._vllm: dict[str, HistogramFamily] = {
+            interval: add.histogram(
+                name,
+                documentation,
+                ("model_name", "engine"),
+                VLLM_TTFT_BUCKETS_S if interval == "ttft" else VLLM_REQUEST_BUCKETS_S,
+            )
+            for interval, name, documentation in VLLM_HISTOGRAMS
+        }
+        self._vllm_children: dict[str, dict[str, Histogram]] = {}
+
+    def serve_models(self, models: tuple[str, ...]) -> None:
+        """Make the vLLM-named series of ``models`` exist from the start, at zero."""
+        for model in models:
+            self.vllm_histograms(model)
+
+    def vllm_histograms(self, model: str) -> dict[str, Histogram]:
+        """The vLLM-named histograms of ``model``, by interval."""
+        children = self._vllm_children.get(model)
+        if children is None:
+            children = self._vllm_children[model] = {
+                interval: family.labels(model, VLLM_ENGINE)
+                for interval, family in self._vllm.items()
+            }
+        return children
+
+    def observe_stamps(self, stamps: RequestStamps, received_ns: int) -> None:
+        """One request's vLLM intervals, from its stamps (those it reached)."""
+        histograms = self.vllm_histograms(stamps.model)
+        for interval, seconds in stamps.intervals_s(received_ns).items():
+            histograms[interval].observe(seconds)
 
     def encode_seconds(self, codec: str) -> Histogram:
         """The encode histogram of ``codec`` (the one that encodes, not always the server's)."""
@@ -182,6 +272,7 @@ class RequestMeter:
         "finished",
         "kind",
         "received_ns",
+        "stamps",
     )
 
     def __init__(self, metrics: ServerMetrics, kind: str, received_ns: int, encoder: str) -> None:
@@ -194,6 +285,9 @@ class RequestMeter:
         self._last_write_ns = 0
         """When the last write that carried chunks returned (0: none yet)."""
         self.finished = False
+        self.stamps: RequestStamps | None = None
+        """The request's stamps, when it played a token stream: observed by the vLLM-named
+        histograms when it ends ``ok``."""
 
     def encoded(self, chunks: int, elapsed_ns: int) -> None:
         """``chunks`` chunks were encoded in ``elapsed_ns``; the next write carries them."""
@@ -231,6 +325,8 @@ class RequestMeter:
         metrics.requests[self.kind, outcome].value += 1
         if outcome == "ok":
             metrics.e2e[self.kind].observe((now_ns() - self.received_ns) * _NS)
+            if self.stamps is not None and self.stamps.last_token_ns:
+                metrics.observe_stamps(self.stamps, self.received_ns)
 
     def answered(self, status: int) -> None:
         """:meth:`finish` with the outcome of an HTTP ``status``."""

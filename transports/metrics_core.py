@@ -42,6 +42,21 @@ ENCODE_BUCKETS_S: Final = (
 """Encode time of one chunk: 100 ns (a compiled codec on a small chunk) to 10 ms."""
 
 
+VLLM_TTFT_BUCKETS_S: Final = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+"""vLLM's ``vllm:time_to_first_token_seconds`` buckets (``vllm/v1/metrics/loggers.py``)."""
+
+VLLM_REQUEST_BUCKETS_S: Final = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+"""vLLM's ``request_latency_buckets``: its end-to-end, queue, prefill, decode and inference
+histograms (``vllm/v1/metrics/loggers.py``). Coarse under a second: a queue or prefill of a few
+milliseconds counts in the first bucket, and only the mean (``_sum`` over ``_count``) is exact."""
+
+
 class Histogram:
     """One labelled child: bucket counts (the last is ``+Inf``) and the sum."""
 

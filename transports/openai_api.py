@@ -23,10 +23,30 @@ status vLLM gives: 400 ``invalid_request_error``, 404 for a model not served, 40
 
 Usage, by default, is where OpenAI puts it: nowhere, or with ``stream_options:
 {"include_usage": true}`` in a last chunk of its own whose ``choices`` is empty. The bytes are
-then what vLLM sends: no field of inferwire's own.
+then what vLLM sends: no field of inferwire's own. Every such answer has its own ``id`` and
+``created`` (:class:`~inferwire.transports.openai_bodies.Identity`: the workloads' ids repeat
+from one request to the next; the fresh one has their length, so an answer's bytes keep theirs).
+
+With :class:`OpenAIOptions` (``inferwire serve``'s flags, named as vLLM's):
+
+- ``per_request_metrics`` (``--enable-per-request-metrics``): vLLM's per-request ``metrics``
+  object (:func:`~inferwire.transports.request_stamps.metrics_object`) after ``usage``, on a
+  non-streamed answer and on the usage-only chunk of a stream that asked for
+  ``stream_options.include_usage`` (a stream that did not ask has no place for it, as in
+  vLLM); computed from the request's stamps, the engine's with ``--engine``, else the
+  simulated service's. Off, not a byte of an answer changes.
+- ``stamps_file`` (``--stamps-file PATH``): a JSON line per answer with the request's raw
+  stamps (:class:`~inferwire.transports.request_stamps.StampsFile`), keyed by the answer's
+  ``id``, the ground truth that what a client makes of these figures is checked against.
+
+A non-streamed answer is written once its tokens are generated: by the engine with
+``--engine``, or as the service paces them; an unpaced local service has them at once (its
+stamps are then all the moment the body was made), and answers at once unless a stamps file
+asks for the moment its body was written.
 
 inferwire's extensions: a request with ``"inferwire": {"extensions": true}`` gets inferwire's
-stream instead, the one its clients verify
+stream instead (the service's chunks as they are, their ``id`` and ``created`` too, so that
+inferwire's clients compare them with the service's), the one its clients verify
 (:class:`~inferwire.codecs.integrity.StreamVerifier`): each chunk carries ``seq`` and
 ``choices[0].token_ids``, and the chunk with ``finish_reason`` carries ``usage``, the end
 marker whose token count proves the stream whole. ``stream_options.include_usage`` changes
@@ -47,7 +67,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import orjson
 
@@ -58,9 +78,10 @@ from inferwire.serving import ChatCompletionRequest, RequestError
 from . import openai_bodies as ob
 from .errors import BadRequestError
 from .http_response import JSON, Response, accepts, error, media
+from .request_stamps import StampsFile, metrics_object
 from .service import GenerateRequest, SimulatedService, TokenStream
 from .streams import stream_frames
-from .timing import TRACEPARENT, ServerStamps
+from .timing import TRACEPARENT, ServerStamps, now_ns
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -90,6 +111,15 @@ class ApiError(BadRequestError):
         self.status = status
         self.param = param
         self.kind = kind
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenAIOptions:
+    """What ``inferwire serve`` adds to the OpenAI API (the module docstring): vLLM's
+    per-request ``metrics`` object, and a file of each request's stamps."""
+
+    per_request_metrics: bool = False
+    stamps_file: StampsFile | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,15 +225,63 @@ def chat_request_body(request: GenerateRequest, *, timing: bool = False) -> byte
     return orjson.dumps(obj)
 
 
+Outcome = Literal["ok", "cancelled", "error"]
+Record = Callable[[Outcome], None]
+"""What is done when an answer ended (its stamps-file line), given how it ended."""
+
+
 async def _after(
-    service: SimulatedService, stream: TokenStream, body: bytes
+    service: SimulatedService,
+    stream: TokenStream,
+    body: Callable[[], bytes],
+    record: Record | None,
 ) -> AsyncGenerator[bytes, None]:
-    """``body`` once the paced stream has been generated: a non-streamed answer takes as
-    long as the streamed one."""
-    async with contextlib.aclosing(service.batches(stream)) as batches:
-        async for _ in batches:
-            pass
-    yield body
+    """The answer's ``body()`` once the stream has been generated: a non-streamed answer
+    takes as long as the streamed one. The stream's frontend stamps are taken as
+    :func:`~inferwire.transports.streams.stream_frames` takes them."""
+    stamps = stream.stamps
+    outcome: Outcome = "cancelled"
+    try:
+        async with contextlib.aclosing(service.batches(stream)) as batches:
+            async for _ in batches:
+                if not stamps.first_chunk_ns:
+                    stamps.first_chunk_ns = now_ns()
+        stamps.last_chunk_ns = now_ns()
+        yield body()
+        stamps.last_chunk_written_ns = now_ns()
+        outcome = "ok"
+    except Exception:
+        outcome = "error"
+        raise
+    finally:
+        if record is not None:
+            record(outcome)
+
+
+async def _recorded(
+    pieces: AsyncGenerator[bytes, None], record: Record
+) -> AsyncGenerator[bytes, None]:
+    """``pieces`` as they are, then ``record`` how the answer ended (the transport asks for
+    the next piece once it wrote one: the stream ends ``ok`` after its last write)."""
+    outcome: Outcome = "cancelled"
+    try:
+        async with contextlib.aclosing(pieces):
+            async for piece in pieces:
+                yield piece
+        outcome = "ok"
+    except Exception:
+        outcome = "error"
+        raise
+    finally:
+        record(outcome)
+
+
+def _tokens(chunks: Sequence[ic.TokenChunk]) -> int:
+    """An answer's completion tokens: its end marker's usage, else its chunks' token ids."""
+    usage = chunks[-1].usage
+    if usage is not None:
+        return usage.completion_tokens
+    return sum(len(c.token_ids) for c in chunks)
 
 
 class OpenAIApi:
@@ -217,11 +295,13 @@ class OpenAIApi:
         *,
         metrics: ServerMetrics | None = None,
         tracer: Tracer | None = None,
+        options: OpenAIOptions | None = None,
     ) -> None:
         self.service = service
         self.codec = codec
         self.metrics = metrics
         self.tracer = tracer
+        self.options = options if options is not None else OpenAIOptions()
         self.created = int(time.time())
         """When the server started: the ``created`` of the models it lists."""
         json_codec = codec.media_type == JSON and ic.TokenChunk in codec.types
@@ -267,6 +347,7 @@ class OpenAIApi:
         try:
             request = parse_request(orjson.loads(body), chat=chat, models=self.service.models)
             stream = self.service.open(request.generate)  # refused before a stream starts
+            stream.stamps.received_ns = received_ns or now_ns()
         except orjson.JSONDecodeError as exc:
             return error(400, f"the request body is not JSON: {exc}")
         except ApiError as exc:
@@ -293,26 +374,81 @@ class OpenAIApi:
                 received_ns,
                 frames.name,
                 headers,
+                stream.chunks[0].id,  # the codec's own stream: the service's chunks whole
             )
         if not accepts(accept, self._content_type) and not accepts(accept, JSON):
             return error(406, f"this stream is {self._content_type}, not {accept}")
-        encoder = self._encoder(request, chat=chat)
+        identity = self._identity(stream, request)
+        encoder = self._encoder(request, stream, identity, chat=chat)
         encoded_by = self._chunks.name if chat else "orjson"  # see _encoder
         return self._stream(
-            stream, request, encoder, self._content_type, received_ns, encoded_by, headers
+            stream,
+            request,
+            encoder,
+            self._content_type,
+            received_ns,
+            encoded_by,
+            headers,
+            self._answer_id(stream, identity, chat=chat),
         )
 
-    def _encoder(self, request: OpenAIRequest, *, chat: bool) -> StreamEncoder:
+    @staticmethod
+    def _identity(stream: TokenStream, request: OpenAIRequest) -> ob.Identity | None:
+        """A fresh id and created for an OpenAI answer; none with inferwire's extensions."""
+        return None if request.extensions else ob.Identity.fresh(stream.chunks[0].id)
+
+    @staticmethod
+    def _answer_id(stream: TokenStream, identity: ob.Identity | None, *, chat: bool) -> str:
+        """The ``id`` the client reads in the answer."""
+        chat_id = stream.chunks[0].id if identity is None else identity.id
+        return chat_id if chat else ob.text_completion_id(chat_id)
+
+    def _record(self, stream: TokenStream, answer_id: str, *, streamed: bool) -> Record | None:
+        """The stamps-file line of an answer, once it ended (None: no stamps file)."""
+        stamps_file = self.options.stamps_file
+        if stamps_file is None:
+            return None
+
+        def record(outcome: Outcome) -> None:
+            line = stream.stamps.line(answer_id, outcome, _tokens(stream.chunks), stream=streamed)
+            stamps_file.write(line)
+
+        return record
+
+    def _usage_metrics(self, stream: TokenStream) -> Callable[[ic.Usage], dict[str, Any]] | None:
+        """The per-request ``metrics`` object beside a usage, if the server gives it."""
+        if not self.options.per_request_metrics:
+            return None
+        stamps = stream.stamps
+        return lambda usage: {"metrics": metrics_object(stamps, usage.completion_tokens)}
+
+    def _encoder(
+        self,
+        request: OpenAIRequest,
+        stream: TokenStream,
+        identity: ob.Identity | None,
+        *,
+        chat: bool,
+    ) -> StreamEncoder:
         if chat and request.extensions:
             return self._inferwire_chunks.stream_encoder()
         objects = framed_encoder(self._framing, orjson.dumps)
+        encoder: StreamEncoder
         if not chat:
-            return ob.CompletionChunks(
-                objects, include_usage=request.include_usage, extensions=request.extensions
+            encoder = ob.CompletionChunks(
+                objects,
+                include_usage=request.include_usage,
+                extensions=request.extensions,
+                usage_extra=self._usage_metrics(stream),
             )
-        return ob.UsageAsOpenAI(
-            self._openai_chunks.stream_encoder(), objects, include_usage=request.include_usage
-        )
+        else:
+            encoder = ob.UsageAsOpenAI(
+                self._openai_chunks.stream_encoder(),
+                objects,
+                include_usage=request.include_usage,
+                usage_extra=self._usage_metrics(stream),
+            )
+        return encoder if identity is None else ob.Relabeled(encoder, identity)
 
     def _stream(
         self,
@@ -323,6 +459,7 @@ class OpenAIApi:
         received_ns: int,
         encoded_by: str,
         headers: Mapping[str, str],
+        answer_id: str,
     ) -> Response:
         stamps = None
         if request.generate.timing:
@@ -335,16 +472,40 @@ class OpenAIApi:
             frames = stream_frames(self.service, stream, encoder, stamps, meter=meter)
         else:
             trace = self.tracer.server_request(
-                headers.get(TRACEPARENT), received_ns, stamps, request.generate.workload
+                headers.get(TRACEPARENT),
+                received_ns,
+                stamps,
+                request.generate.workload,
+                stream.stamps,
+                answer_id,
             )
             frames = trace.frames(
                 stream_frames(self.service, stream, encoder, trace.stamps, meter=meter)
             )
+        record = self._record(stream, answer_id, streamed=True)
+        if record is not None:
+            frames = _recorded(frames, record)
         return Response(200, content_type, stream=frames, stamps=stamps, meter=meter)
 
     def _whole(self, stream: TokenStream, request: OpenAIRequest, *, chat: bool) -> Response:
         build: Callable[..., dict[str, Any]] = ob.chat_completion if chat else ob.text_completion
-        body = orjson.dumps(build(stream.chunks, extensions=request.extensions))
-        if self.service.prefill_s or self.service.decode_s:
-            return Response(200, JSON, stream=_after(self.service, stream, body))
-        return Response(200, JSON, body)
+        identity = self._identity(stream, request)
+        stamps = stream.stamps
+
+        def body() -> bytes:
+            extra = None
+            if self.options.per_request_metrics:
+                extra = {"metrics": metrics_object(stamps, _tokens(stream.chunks))}
+            answer = build(
+                stream.chunks, extensions=request.extensions, identity=identity, extra=extra
+            )
+            return orjson.dumps(answer)
+
+        record = self._record(stream, self._answer_id(stream, identity, chat=chat), streamed=False)
+        if self.service.instant and record is None:
+            at_once = now_ns()  # the unpaced local service has every token now
+            stamps.engine(at_once, at_once, at_once, at_once)
+            stamps.first_chunk_ns = stamps.last_chunk_ns = at_once
+            return Response(200, JSON, body(), request_stamps=stamps)
+        answer = _after(self.service, stream, body, record)
+        return Response(200, JSON, stream=answer, request_stamps=stamps)

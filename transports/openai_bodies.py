@@ -11,23 +11,34 @@ usage-only chunk has ``"choices": []``. inferwire's extensions, when a request a
 add ``token_ids`` to a choice (and ``seq`` to a chunk, as the chat chunk codecs write it).
 A chat chunk itself is the codec's (:mod:`inferwire.codecs.openai`); everything here is plain
 objects written with orjson, whatever the server's codec.
+
+Each OpenAI answer has its own ``id`` and ``created``, as vLLM's do (:class:`Identity`): the
+service's chunks come from seeded workloads, whose ids repeat from one request to the next.
+The fresh id is as long as the workload's (``chatcmpl-`` and as many random hex digits), so an
+answer's bytes are as long as before; ``created`` is the time the answer started.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import inferwire.codecs as ic
 from inferwire.codecs import openai as oa
 from inferwire.codecs.framing import StreamEncoder
-from inferwire.serving import UsageAsOpenAI
-from inferwire.serving.stream import usage_chunk
+from inferwire.codecs.model import new_token_chunk
+from inferwire.serving import UsageAsOpenAI, completion_id
+from inferwire.serving.chunks import COMPLETION_ID_PREFIX
+from inferwire.serving.stream import UsageExtra, usage_chunk
 
 __all__ = [
     "CHAT_COMPLETION",
     "TEXT_COMPLETION",
     "CompletionChunks",
+    "Identity",
+    "Relabeled",
     "UsageAsOpenAI",
     "chat_completion",
     "text_completion",
@@ -39,6 +50,57 @@ Obj = dict[str, Any]
 
 CHAT_COMPLETION: Final = "chat.completion"
 TEXT_COMPLETION: Final = "text_completion"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """An answer's own ``id`` and ``created``."""
+
+    id: str
+    created: int
+
+    @classmethod
+    def fresh(cls, like: str) -> Identity:
+        """A new id as long as ``like`` (a ``chatcmpl-`` id; vLLM's 32 hex digits for any
+        other), created now."""
+        digits = len(like) - len(COMPLETION_ID_PREFIX)
+        if not like.startswith(COMPLETION_ID_PREFIX) or digits < 1:
+            digits = 32
+        return cls(completion_id(digits), int(time.time()))
+
+
+class Relabeled:
+    """A stream encoder that writes every chunk under one answer's :class:`Identity`."""
+
+    __slots__ = ("_created", "_encode", "_end", "_id", "identity")
+
+    def __init__(self, encoder: StreamEncoder, identity: Identity) -> None:
+        self._encode = encoder.encode
+        self._end = encoder.end
+        self.identity = identity
+        self._id = identity.id
+        self._created = identity.created
+
+    def encode(self, chunk: ic.TokenChunk, /) -> bytes:
+        # a copy of the chunk under this answer's id (the model's positional constructor, the
+        # cheapest copy: about 0.5 us a chunk here)
+        return self._encode(
+            new_token_chunk(
+                self._id,
+                chunk.model,
+                self._created,
+                chunk.index,
+                chunk.seq,
+                chunk.token_ids,
+                chunk.text,
+                chunk.logprobs,
+                chunk.finish_reason,
+                chunk.usage,
+            )
+        )
+
+    def end(self) -> bytes:
+        return self._end()
 
 
 def text_completion_id(chat_id: str) -> str:
@@ -60,8 +122,15 @@ def _logprobs(chunks: Sequence[ic.TokenChunk]) -> tuple[ic.TokenLogprob, ...] | 
     return tuple(lp for c in chunks for lp in c.logprobs or ())
 
 
-def chat_completion(chunks: Sequence[ic.TokenChunk], *, extensions: bool) -> Obj:
-    """The ``chat.completion`` object of a whole stream (one choice)."""
+def chat_completion(
+    chunks: Sequence[ic.TokenChunk],
+    *,
+    extensions: bool,
+    identity: Identity | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Obj:
+    """The ``chat.completion`` object of a whole stream (one choice), under ``identity`` (the
+    chunks' id and created without one); ``extra``'s fields after the usage."""
     first, last = chunks[0], chunks[-1]
     logprobs = _logprobs(chunks)
     choice: Obj = {
@@ -73,12 +142,13 @@ def chat_completion(chunks: Sequence[ic.TokenChunk], *, extensions: bool) -> Obj
     if extensions:
         choice["token_ids"] = [t for c in chunks for t in c.token_ids]
     return {
-        "id": first.id,
+        "id": first.id if identity is None else identity.id,
         "object": CHAT_COMPLETION,
-        "created": first.created,
+        "created": first.created if identity is None else identity.created,
         "model": first.model,
         "choices": [choice],
         "usage": oa.usage_obj(_usage(chunks)),
+        **(extra or {}),
     }
 
 
@@ -112,17 +182,25 @@ def _text_choice(
     return choice
 
 
-def text_completion(chunks: Sequence[ic.TokenChunk], *, extensions: bool) -> Obj:
-    """The legacy ``text_completion`` object of a whole stream (one choice)."""
+def text_completion(
+    chunks: Sequence[ic.TokenChunk],
+    *,
+    extensions: bool,
+    identity: Identity | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Obj:
+    """The legacy ``text_completion`` object of a whole stream (one choice); ``identity``
+    and ``extra`` as for :func:`chat_completion`."""
     first = chunks[0]
     text = "".join(c.text for c in chunks)
     return {
-        "id": text_completion_id(first.id),
+        "id": text_completion_id(first.id if identity is None else identity.id),
         "object": TEXT_COMPLETION,
-        "created": first.created,
+        "created": first.created if identity is None else identity.created,
         "model": first.model,
         "choices": [_text_choice(chunks, text, 0, extensions=extensions)],
         "usage": oa.usage_obj(_usage(chunks)),
+        **(extra or {}),
     }
 
 
@@ -146,15 +224,23 @@ def text_completion_chunk(chunk: ic.TokenChunk, offset: int, *, extensions: bool
 class CompletionChunks:
     """A legacy completion's stream: ``text_completion`` chunks in ``objects``' framing, usage
     placed as :class:`~inferwire.serving.UsageAsOpenAI` places a chat stream's (or, with
-    ``extensions``, on the end marker)."""
+    ``extensions``, on the end marker), with ``usage_extra``'s fields."""
 
-    __slots__ = ("_objects", "_offset", "extensions", "include_usage")
+    __slots__ = ("_objects", "_offset", "extensions", "include_usage", "usage_extra")
 
-    def __init__(self, objects: StreamEncoder, *, include_usage: bool, extensions: bool) -> None:
+    def __init__(
+        self,
+        objects: StreamEncoder,
+        *,
+        include_usage: bool,
+        extensions: bool,
+        usage_extra: UsageExtra | None = None,
+    ) -> None:
         self._objects = objects
         self._offset = 0
         self.include_usage = include_usage
         self.extensions = extensions
+        self.usage_extra = usage_extra
 
     def encode(self, chunk: ic.TokenChunk, /) -> bytes:
         frame = self._objects.encode(
@@ -168,6 +254,7 @@ class CompletionChunks:
                     chunk.usage,
                     object_=TEXT_COMPLETION,
                     id_=text_completion_id(chunk.id),
+                    extra=self.usage_extra,
                 )
             )
         return frame

@@ -12,6 +12,11 @@ spans go, :mod:`inferwire.transports.tracing`), so a parent process that asked f
 learns the ports. The simulated service plays the seeded workloads of
 :mod:`inferwire.workloads`. A server records its Prometheus metrics
 (:mod:`inferwire.transports.metrics`) unless ``--no-metrics``.
+
+The OpenAI API (``http1``, ``http2``) takes vLLM's ``--enable-per-request-metrics`` and
+inferwire's ``--stamps-file PATH`` (:mod:`inferwire.transports.openai_api`). A frontend
+(``--engine``) asks the engine for each request's stamps whenever something reads them: the
+metrics, a trace, the per-request metrics or the stamps file.
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ from inferwire._runtime.extras import needs_extras
 from inferwire.codecs.delta_codec import default_registry
 from inferwire.workloads import token_stream_source
 
+from .openai_api import OpenAIOptions
 from .proxy import DelayProxy
+from .request_stamps import StampsFile
 from .tracing import SERVER_SERVICE, Tracer
 
 if TYPE_CHECKING:
@@ -78,6 +85,12 @@ class ServeOptions:
     loop: str = "auto"
     trace: bool = False
     trace_endpoint: str | None = None
+    enable_per_request_metrics: bool = False
+    stamps_file: str | None = None
+
+
+OPENAI_TRANSPORTS: Final = ("http1", "http2")
+"""The transports that serve the OpenAI API."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,6 +151,7 @@ async def _serve(args: ServeOptions) -> None:
             raise CommandError("--metrics-port and --port must differ")
         check_can_listen(args.host, args.metrics_port)
     check_trace_arguments(args)
+    _check_openai_arguments(args)
     tls, extra = _server_tls(args)
     codec = ic.get(args.codec, extensions=True)  # the stream inferwire's clients check
     metrics = None if args.no_metrics else _metrics(args.transport, codec.name)
@@ -146,16 +160,21 @@ async def _serve(args: ServeOptions) -> None:
         tracer = Tracer.open(
             SERVER_SERVICE, args.trace_endpoint, transport=args.transport, codec=args.codec
         )
+    stamps_file = _stamps_file(args.stamps_file)
     engine = None
     if args.engine is None:
         service = it.SimulatedService(
             token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
         )
     else:
-        engine, service = await _engine_service(args)
+        stamped = bool(metrics or tracer or stamps_file or args.enable_per_request_metrics)
+        engine, service = await _engine_service(args, want_stamps=stamped)
     options: dict[str, object] = {}
-    if args.transport in ("http1", "http2"):
+    if args.transport in OPENAI_TRANSPORTS:
         options["registry"] = default_registry()
+        options["openai"] = OpenAIOptions(
+            per_request_metrics=args.enable_per_request_metrics, stamps_file=stamps_file
+        )
     server = server_class(
         service,
         codec,
@@ -193,14 +212,45 @@ async def _serve(args: ServeOptions) -> None:
                 side.stop()
             if engine is not None:
                 await engine.close()
+            if stamps_file is not None:
+                stamps_file.close()
             if tracer is not None:
                 await asyncio.sleep(0)  # the spans of streams that just ended are built
                 await asyncio.to_thread(tracer.close)  # exports what is queued
 
 
-async def _engine_service(args: ServeOptions) -> tuple[EngineClient, SimulatedService]:
+def _check_openai_arguments(args: ServeOptions) -> None:
+    """The OpenAI API's options go with a transport that serves it."""
+    given = [
+        flag
+        for flag, value in (
+            ("--enable-per-request-metrics", args.enable_per_request_metrics),
+            ("--stamps-file", args.stamps_file),
+        )
+        if value
+    ]
+    if given and args.transport not in OPENAI_TRANSPORTS:
+        raise CommandError(
+            f"{given[0]} is for the OpenAI API, which --transport "
+            f"{' and '.join(OPENAI_TRANSPORTS)} serve, not {args.transport}"
+        )
+
+
+def _stamps_file(path: str | None) -> StampsFile | None:
+    if path is None:
+        return None
+    try:
+        return StampsFile(path)
+    except OSError as exc:
+        raise CommandError(f"cannot write --stamps-file {path}: {exc.strerror or exc}") from None
+
+
+async def _engine_service(
+    args: ServeOptions, *, want_stamps: bool = False
+) -> tuple[EngineClient, SimulatedService]:
     """``--engine``'s service: the engine's client (started: it connects in the background
-    and waits for the engine only when a stream asks) and the service that plays through it."""
+    and waits for the engine only when a stream asks) and the service that plays through it,
+    asking the engine for each request's stamps if ``want_stamps``."""
     if args.prefill_ms or args.decode_ms:
         raise CommandError("--prefill-ms and --decode-ms pace the local service; the engine paces")
     with needs_extras("--engine"):
@@ -230,7 +280,7 @@ async def _engine_service(args: ServeOptions) -> tuple[EngineClient, SimulatedSe
             "waits for one up to --engine-liveness-timeout",
             file=sys.stderr,
         )
-    return client, EngineService(token_stream_source, client)
+    return client, EngineService(token_stream_source, client, want_stamps=want_stamps)
 
 
 def _metrics(transport: str, codec: str) -> ServerMetrics:

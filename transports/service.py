@@ -11,6 +11,11 @@ request into its chunks (``inferwire serve`` passes the seeded workloads of
 :mod:`inferwire.workloads`). Streams are cached per (workload, seed), so a server times what
 it sends, not how the payload was made. ``models`` names the model(s) it serves (what the
 OpenAI API's ``/v1/models`` lists); by default the one the seeded workloads name.
+
+Each stream keeps the service's own stamps in its :class:`TokenStream`'s ``stamps``
+(:class:`~inferwire.transports.request_stamps.RequestStamps`): the service has no queue, so a
+request arrives and is scheduled when its playing starts; its first token is stamped when the
+first chunk is due (after ``prefill_s``), its last when the last one is.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import orjson
@@ -29,6 +34,7 @@ from inferwire.codecs import InferRequest, InferResponse, Tensor, TokenChunk
 from inferwire.workloads import MODEL, cut_stream
 
 from .errors import BadRequestError
+from .request_stamps import RequestStamps
 
 MAX_TOKENS_LIMIT: Final = 1 << 20
 MAX_BATCH_CHUNKS: Final = 32
@@ -109,10 +115,12 @@ class GenerateRequest:
 @dataclass(frozen=True, slots=True)
 class TokenStream:
     """A request the service has accepted, with the chunks it will stream: what
-    :meth:`SimulatedService.open` returns and :meth:`SimulatedService.batches` plays."""
+    :meth:`SimulatedService.open` returns and :meth:`SimulatedService.batches` plays, which
+    fills its ``stamps`` (the service's, then the frontend's: :mod:`.request_stamps`)."""
 
     request: GenerateRequest
     chunks: Sequence[TokenChunk]
+    stamps: RequestStamps = field(default_factory=RequestStamps, compare=False)
 
 
 Source = Callable[[str, int], Sequence[TokenChunk]]
@@ -152,7 +160,18 @@ class SimulatedService:
         """Check ``request`` and compute its chunks, once: a server calls this before it
         answers, so a bad request is refused before a stream starts. Raises
         :class:`BadRequestError`."""
-        return TokenStream(request, self.chunks(request))
+        chunks = self.chunks(request)
+        return TokenStream(request, chunks, RequestStamps(chunks[0].model))
+
+    def healthy(self) -> bool:
+        """Whether a stream opened now can be served (a frontend's engine may be away)."""
+        return True
+
+    @property
+    def instant(self) -> bool:
+        """Whether a stream's chunks are all there at once (an unpaced local service), so an
+        answer that is not streamed need not wait for them to be played."""
+        return not (self.prefill_s or self.decode_s)
 
     def chunks(self, request: GenerateRequest) -> Sequence[TokenChunk]:
         """The chunks ``request`` asks for, in order. Raises :class:`BadRequestError`."""
@@ -184,12 +203,16 @@ class SimulatedService:
         one), and a model that runs ahead of the wire does not cost one write per chunk (the
         batching an HTTP/2 server such as Hypercorn does by buffering its output)."""
         chunks = stream.chunks
+        stamps = stream.stamps
         self.active_streams += 1
         self.streams_started += 1
         try:
             paced = bool(self.prefill_s or self.decode_s)
+            started_ns = time.monotonic_ns()
+            stamps.engine(started_ns, started_ns, 0, 0)
             due = time.monotonic() + self.prefill_s
             batch: list[TokenChunk] = []
+            last = chunks[-1] if chunks else None
             for chunk in chunks:
                 if paced:
                     delay = due - time.monotonic()
@@ -199,6 +222,10 @@ class SimulatedService:
                             batch = []
                         await asyncio.sleep(delay)
                     due += self.decode_s * max(1, len(chunk.token_ids))
+                if not batch and not stamps.first_token_ns:
+                    stamps.first_token_ns = time.monotonic_ns()
+                if chunk is last:
+                    stamps.last_token_ns = time.monotonic_ns()
                 batch.append(chunk)
                 if len(batch) >= max_chunks:
                     yield batch

@@ -8,6 +8,12 @@ into chunks with :class:`ChunkReader`: codec errors become the transport's
 :class:`ProtocolError`, chunks are counted and, when timed, stamped, and an ending without the
 codec's end marker is a :class:`StreamTruncatedError`, never a short complete stream. The socket
 loops around them stay in the transports and do I/O only.
+
+Both server loops stamp the stream's frontend times (its ``stamps``,
+:mod:`~inferwire.transports.request_stamps`): when the first and the last chunk came from the
+service, and when the write that carried the last chunk returned (the transport asks for the
+next piece once it has written one); and hand the stream's stamps to its meter, which feeds
+them to the vLLM-named histograms when the request ends.
 """
 
 from __future__ import annotations
@@ -92,12 +98,24 @@ async def stream_frames(
     service. With ``meter``, each batch's encode time is reported to it."""
     writer = ChunkWriter(encoder, stamps, meter)
     remaining = len(stream.chunks)
+    times = stream.stamps
+    times.first_chunk_ns = times.last_chunk_ns = times.last_chunk_written_ns = 0
+    if meter is not None:
+        meter.stamps = times
     async with contextlib.aclosing(service.batches(stream, max_chunks=max_chunks)) as batches:
         async for batch in batches:
+            if not times.first_chunk_ns:
+                times.first_chunk_ns = now_ns()
             remaining -= len(batch)
-            if end_in_last and remaining == 0:
-                yield writer.write(batch) + writer.end()
-                return
+            if remaining <= 0:
+                times.last_chunk_ns = now_ns()
+                if end_in_last:
+                    yield writer.write(batch) + writer.end()
+                    times.last_chunk_written_ns = now_ns()
+                    return
+                yield writer.write(batch)
+                times.last_chunk_written_ns = now_ns()
+                continue
             yield writer.write(batch)
     end = writer.end()
     if end:
@@ -118,8 +136,18 @@ async def stream_messages(
     the model outruns the wire. Closing the generator ends the stream on the service. With
     ``meter``, each chunk's encode time is reported to it (each is a write of its own)."""
     encode = encoder.encode
+    remaining = len(stream.chunks)
+    times = stream.stamps
+    times.first_chunk_ns = times.last_chunk_ns = times.last_chunk_written_ns = 0
+    if meter is not None:
+        meter.stamps = times
     async with contextlib.aclosing(service.batches(stream)) as batches:
         async for batch in batches:
+            if not times.first_chunk_ns:
+                times.first_chunk_ns = now_ns()
+            remaining -= len(batch)
+            if remaining <= 0:
+                times.last_chunk_ns = now_ns()
             if stamps is None and meter is None:
                 for chunk in batch:
                     yield encode(chunk)
@@ -133,6 +161,8 @@ async def stream_messages(
                     if meter is not None:
                         meter.encoded(1, encoded - produced)
                     yield message
+            if remaining <= 0:
+                times.last_chunk_written_ns = now_ns()
     end = encoder.end()
     if end:
         yield end

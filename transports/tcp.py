@@ -33,7 +33,7 @@ import inferwire.codecs as ic
 from inferwire.serving import error_body
 
 from .base import Client, Server
-from .common import aclose_quietly, connect_tcp, error_detail, map_exceptions
+from .common import aclose_quietly, connect_tcp, error_detail, log_failure, map_exceptions
 from .errors import (
     BadRequestError,
     MessageTooLargeError,
@@ -72,10 +72,10 @@ class TcpServer(Server):
                 pass
         except (OSError, asyncio.IncompleteReadError, TimeoutError, asyncio.CancelledError):
             pass  # the client went away (or the server stops): its stream was closed by _one
-        except Exception:
+        except Exception as exc:
             # a failure mid-answer: the connection closes (a stream is seen as truncated),
             # the server goes on
-            _log.exception("tcp: connection failed")
+            log_failure(_log, "tcp: connection failed", exc)
         finally:
             await aclose_quietly(writer)
 
@@ -165,7 +165,7 @@ class TcpServer(Server):
             frames = stream_frames(self.service, stream, encoder, stamps, meter=meter)
         else:
             trace = self.tracer.server_request(
-                obj.get(TRACEPARENT), received_ns, stamps, stream.request.workload
+                obj.get(TRACEPARENT), received_ns, stamps, stream.request.workload, stream.stamps
             )
             frames = trace.frames(
                 stream_frames(self.service, stream, encoder, trace.stamps, meter=meter)

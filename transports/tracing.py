@@ -46,6 +46,16 @@ before the request is built to the stream's end, its end marker read and checked
 ``client serialize`` (the request encoded), ``send`` (-> written), ``client parse`` (the first
 chunk's bytes received -> decoded).
 
+The server's root span also carries vLLM's latency attributes (``vllm/tracing.py``'s
+``SpanAttributes``, seconds, as vLLM sets them on its request span), from the request's stamps
+(:mod:`~inferwire.transports.request_stamps`: the engine's with ``--engine``, else the
+simulated service's), those it reached: ``gen_ai.latency.time_in_queue``,
+``gen_ai.latency.time_in_model_prefill``, ``gen_ai.latency.time_in_model_decode``,
+``gen_ai.latency.time_in_model_inference``, ``gen_ai.latency.time_to_first_token`` and
+``gen_ai.latency.e2e`` (from the request received to the frontend holding its first and its
+last token), with ``gen_ai.response.model`` and, on the OpenAI API, ``gen_ai.request.id`` (the
+response's ``id``).
+
 Root attributes: ``inferwire.transport``, ``inferwire.codec``, ``inferwire.workload``,
 ``inferwire.chunks``, ``inferwire.outcome`` (``ok``, ``cancelled``, ``error``), and per chunk
 (at most :data:`MAX_TRACED_CHUNKS`, in stream order; each a string of comma-separated decimal
@@ -71,6 +81,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from inferwire._runtime.extras import needs_extras
 
+from .request_stamps import RequestStamps
 from .timing import ServerStamps, StreamTiming, now_ns
 
 if TYPE_CHECKING:
@@ -84,6 +95,15 @@ MAX_TRACED_CHUNKS: Final = 4096
 ROOT: Final = "generate"
 SERVER_STAGES: Final = ("server parse", "queue", "compute", "server serialize", "write")
 CLIENT_STAGES: Final = ("client serialize", "send", "client parse")
+GEN_AI_LATENCY: Final = {
+    "queue": "gen_ai.latency.time_in_queue",
+    "prefill": "gen_ai.latency.time_in_model_prefill",
+    "decode": "gen_ai.latency.time_in_model_decode",
+    "inference": "gen_ai.latency.time_in_model_inference",
+    "ttft": "gen_ai.latency.time_to_first_token",
+    "e2e": "gen_ai.latency.e2e",
+}
+"""vLLM's span attribute of each interval of :meth:`RequestStamps.intervals_s`."""
 
 
 def default_endpoint(environ: Mapping[str, str] = os.environ) -> str:
@@ -147,10 +167,17 @@ class Tracer:
         received_ns: int,
         stamps: ServerStamps | None,
         workload: str,
+        request_stamps: RequestStamps | None = None,
+        request_id: str = "",
     ) -> ServerTrace:
         """A stream the server is about to send: its stamps (``stamps``, the ones the client
-        asked for, or new ones), and :meth:`ServerTrace.frames` to wrap its pieces with."""
-        return ServerTrace(self, traceparent, received_ns, stamps, workload)
+        asked for, or new ones), and :meth:`ServerTrace.frames` to wrap its pieces with;
+        ``request_stamps`` give the span vLLM's latency attributes, ``request_id`` its
+        ``gen_ai.request.id``."""
+        trace = ServerTrace(self, traceparent, received_ns, stamps, workload)
+        trace.request_stamps = request_stamps
+        trace.request_id = request_id
+        return trace
 
     def _context(self, traceparent: object) -> Any:
         """The parent a ``traceparent`` names; None (a new trace) for none, or one that is
@@ -195,6 +222,14 @@ class Tracer:
             attributes["inferwire.chunk.produced_ns"] = _packed(p - received for p, _, _ in rows)
             attributes["inferwire.chunk.serialize_ns"] = _packed(e - p for p, e, _ in rows)
             attributes["inferwire.chunk.write_ns"] = _packed(w - e for _, e, w in rows)
+        request_stamps = trace.request_stamps
+        if request_stamps is not None:
+            for interval, seconds in request_stamps.intervals_s(received).items():
+                attributes[GEN_AI_LATENCY[interval]] = seconds
+            if request_stamps.model:
+                attributes["gen_ai.response.model"] = request_stamps.model
+        if trace.request_id:
+            attributes["gen_ai.request.id"] = trace.request_id
         root = self.otel.start_span(
             ROOT,
             context=self._context(trace.traceparent),
@@ -260,7 +295,15 @@ class ServerTrace:
     """One stream's trace on the server: the transport sends the pieces of :meth:`frames`,
     whose stamps are :attr:`stamps`."""
 
-    __slots__ = ("outcome", "stamps", "traceparent", "tracer", "workload")
+    __slots__ = (
+        "outcome",
+        "request_id",
+        "request_stamps",
+        "stamps",
+        "traceparent",
+        "tracer",
+        "workload",
+    )
 
     def __init__(
         self,
@@ -278,6 +321,8 @@ class ServerTrace:
             stamps.parsed()
         self.stamps = stamps
         self.outcome = "cancelled"
+        self.request_stamps: RequestStamps | None = None
+        self.request_id = ""
 
     async def frames(self, pieces: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
         """``pieces`` as they are; each one's bytes are counted written when the transport

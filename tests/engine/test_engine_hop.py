@@ -27,9 +27,13 @@ ADD = hop.Add(
     want_stage_times=True,
 )
 
+ADD_STAMPED = msgspec.structs.replace(ADD, want_stamps=True)
+STAMPS = hop.EngineStamps("2", 10, 20, 30, 40)
+
 FROM_FRONTEND = [
     (hop.hello("s1", "delta"), hop.Hello(session="s1", codec="delta")),
     (hop.add(ADD), ADD),
+    (hop.add(ADD_STAMPED), ADD_STAMPED),
     (hop.rid_message(hop.ABORT, "1f"), hop.RidMessage(hop.ABORT, "1f")),
     (hop.rid_message(hop.PAUSE, "1f"), hop.RidMessage(hop.PAUSE, "1f")),
     (hop.rid_message(hop.RESUME, "1f"), hop.RidMessage(hop.RESUME, "1f")),
@@ -38,6 +42,10 @@ FROM_FRONTEND = [
 ]
 FROM_ENGINE = [
     (hop.outputs([(b"1", b"abc"), (b"2", b"")]), hop.Outputs([("1", b"abc"), ("2", b"")])),
+    (
+        hop.outputs([(b"1", b"abc"), (b"2", b"")], [STAMPS]),
+        hop.Outputs([("1", b"abc"), ("2", b"")], [STAMPS]),
+    ),
     (
         hop.failure("1", "overloaded", "full"),
         hop.Failure(rid="1", kind="overloaded", message="full"),
@@ -95,6 +103,11 @@ BAD_FROM_ENGINE = [
     [hop.OUTPUTS, b"1"],  # a rid without its frame
     [hop.OUTPUTS, b"1", b"x", b"2"],
     [hop.OUTPUTS, b"", b"x"],
+    [hop.OUTPUTS, b"1", b"x", msgspec.msgpack.encode([])],  # a stamps frame of none
+    [hop.OUTPUTS, b"1", b"x", msgspec.msgpack.encode([["1", -1, 0, 0, 0]])],  # negative
+    [hop.OUTPUTS, b"1", b"x", msgspec.msgpack.encode([["1", 1, 2, 3]])],  # a stamp short
+    [hop.OUTPUTS, b"1", b"x", msgspec.msgpack.encode([["", 1, 2, 3, 4]])],  # no rid
+    [hop.OUTPUTS, b"1", b"x", hop.outputs([], [STAMPS])[1][:-1]],  # truncated
     [hop.ERROR, msgspec.msgpack.encode(["1", "no-such-kind", "m"])],
     [hop.ERROR, b"\x93"],
     [hop.END_STATS, msgspec.msgpack.encode(["1", {"queue_s": "slow"}])],

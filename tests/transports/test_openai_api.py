@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, Final, TypeVar
 
@@ -132,9 +133,22 @@ def chat(**fields: Any) -> dict[str, Any]:
 # -- chat completions ---------------------------------------------------------------------
 
 
+def check_own_id(answer_id: str, created: int, prefix: str = "chatcmpl-") -> None:
+    """An OpenAI answer has its own id, as vLLM's: the prefix and random hex digits, as many as
+    the workload's id has (so the answer's bytes keep their length), and is created now."""
+    workload_hex = expected()[0].id.removeprefix("chatcmpl-")
+    assert answer_id.startswith(prefix)
+    digits = answer_id.removeprefix(prefix)
+    assert len(digits) == len(workload_hex)
+    int(digits, 16)  # hex
+    assert digits != workload_hex
+    assert abs(created - time.time()) < 120
+    assert len(str(created)) == len(str(expected()[0].created))
+
+
 def check_completion(completion: Any, chunks: list[ic.TokenChunk], finish: str) -> None:
     assert completion.object == "chat.completion"
-    assert completion.id == chunks[0].id
+    check_own_id(completion.id, completion.created)
     assert completion.model == MODEL
     (choice,) = completion.choices
     assert choice.message.role == "assistant"
@@ -151,7 +165,10 @@ def test_a_chat_completion_without_stream_is_one_json_body(client: openai.OpenAI
     assert isinstance(completion, openai.types.chat.ChatCompletion)
     check_completion(completion, expected(), "stop")
     explicit = client.chat.completions.create(**chat(stream=False))
-    assert explicit == completion
+    assert explicit.id != completion.id  # every answer its own, as vLLM's
+    assert explicit.model_copy(update={"id": completion.id, "created": completion.created}) == (
+        completion
+    )
 
 
 def test_a_cut_chat_completion_says_length(client: openai.OpenAI) -> None:
@@ -184,7 +201,8 @@ def test_include_usage_adds_a_last_chunk_with_usage_only(client: openai.OpenAI) 
     assert tokens[-1].choices[0].finish_reason == "stop"
     assert all(e.usage is None for e in tokens)
     assert last.choices == []
-    assert last.id == want[0].id
+    assert {e.id for e in events} == {last.id}  # one answer, one id
+    check_own_id(last.id, last.created)
     assert last.usage is not None
     assert (last.usage.prompt_tokens, last.usage.completion_tokens) == usage_of(want)
 
@@ -296,7 +314,7 @@ def test_a_legacy_completion_without_stream(client: openai.OpenAI) -> None:
     want = expected()
     completion = client.completions.create(**completion_args())
     assert completion.object == "text_completion"
-    assert completion.id == "cmpl-" + want[0].id.removeprefix("chatcmpl-")
+    check_own_id(completion.id, completion.created, "cmpl-")
     (choice,) = completion.choices
     assert choice.text == text_of(want)
     assert choice.finish_reason == "stop"
@@ -594,7 +612,10 @@ def test_the_default_stream_has_only_the_fields_vllm_sends(
         event_loop_kind,
     )
     *tokens, last = sse_events(with_usage.content)
-    assert tokens == events
+    assert len({e["id"] for e in events}) == 1
+    assert {e["id"] for e in tokens} == {last["id"]} != {events[0]["id"]}  # each its own
+    own = {"id": events[0]["id"], "created": events[0]["created"]}
+    assert [{**e, **own} for e in tokens] == events
     assert set(last) == VLLM_CHUNK_KEYS
     assert last["choices"] == []
     prompt_tokens, completion_tokens = usage_of(want)

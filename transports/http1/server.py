@@ -30,8 +30,9 @@ import httptools
 from inferwire.codecs.schema_registry import SchemaRegistry
 
 from ..base import Server
-from ..common import aclose_quietly
+from ..common import aclose_quietly, log_failure
 from ..httpapp import HttpApp, Response, error
+from ..openai_api import OpenAIOptions
 from ..timing import TRAILER, now_ns
 
 MAX_HEADER_BYTES: Final = 16 * 1024
@@ -187,11 +188,20 @@ class Http1Server(Server):
     transport: ClassVar[str] = "http1"
 
     def __init__(
-        self, *args: object, registry: SchemaRegistry | None = None, **kwargs: object
+        self,
+        *args: object,
+        registry: SchemaRegistry | None = None,
+        openai: OpenAIOptions | None = None,
+        **kwargs: object,
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.app = HttpApp(
-            self.service, self.codec, registry=registry, metrics=self.metrics, tracer=self.tracer
+            self.service,
+            self.codec,
+            registry=registry,
+            metrics=self.metrics,
+            tracer=self.tracer,
+            openai=openai,
         )
 
     async def start(self) -> tuple[str, int]:
@@ -233,10 +243,10 @@ class Http1Server(Server):
                     return
         except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # the client went away (or the server stops): its stream was closed
-        except Exception:
+        except Exception as exc:
             # a failure mid-answer: the connection closes (a stream is seen as truncated),
             # the server goes on
-            _log.exception("http1: connection failed")
+            log_failure(_log, "http1: connection failed", exc)
         finally:
             await aclose_quietly(writer)
 

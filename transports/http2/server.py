@@ -45,10 +45,11 @@ from inferwire.codecs.schema_registry import SchemaRegistry
 
 from .. import h2guard
 from ..base import Server
-from ..common import BACKLOG
+from ..common import BACKLOG, log_failure
 from ..errors import PeerLimitError, PeerNotReadingError, TransportTimeoutError
 from ..httpapp import HttpApp, Response, error
 from ..metrics import outcome_of
+from ..openai_api import OpenAIOptions
 from ..timing import TRAILER, now_ns
 from .fields import InboundFields
 from .flow import WINDOW_BYTES, FlowControl, Writer, h2_connection
@@ -414,10 +415,10 @@ class ServerProtocol(asyncio.Protocol):
                 "http2: stream %d: no window for %.1f s; reset", stream_id, self.flow.timeout_s
             )
             self._reset(stream_id, h2.errors.ErrorCodes.CANCEL)
-        except Exception:
+        except Exception as exc:
             # a failure mid-answer: reset the stream, so the client sees it fail at once
             # rather than wait for a timeout; the connection and its other streams go on
-            _log.exception("http2: stream %d failed", stream_id)
+            log_failure(_log, f"http2: stream {stream_id} failed", exc)
             self._reset(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
         finally:
             self.streams.pop(stream_id, None)
@@ -497,11 +498,20 @@ class Http2Server(Server):
     transport: ClassVar[str] = "http2"
 
     def __init__(
-        self, *args: object, registry: SchemaRegistry | None = None, **kwargs: object
+        self,
+        *args: object,
+        registry: SchemaRegistry | None = None,
+        openai: OpenAIOptions | None = None,
+        **kwargs: object,
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.app = HttpApp(
-            self.service, self.codec, registry=registry, metrics=self.metrics, tracer=self.tracer
+            self.service,
+            self.codec,
+            registry=registry,
+            metrics=self.metrics,
+            tracer=self.tracer,
+            openai=openai,
         )
         self.protocols: set[ServerProtocol] = set()
         self.handlers_peak = 0
