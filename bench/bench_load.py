@@ -36,7 +36,8 @@ from prometheus_client import generate_latest, start_http_server
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire._runtime import loops
-from inferwire.load import live_metrics, metrics, openloop
+from inferwire.load import api_streams, live_metrics, metrics, openloop
+from inferwire.load.attribution import session
 from inferwire.transports import server_process
 
 CAPACITY_RATES: Final = (5_000.0, 10_000.0)
@@ -386,6 +387,121 @@ def bench_generator_live_metrics(benchmark: Any, chunks: int, rate: float) -> No
         for p in ps:
             assert p["requests_failed"] == 0, p["errors"]
     assert counted == [p["requests_completed"] for p in points["on"]]
+
+
+class NullApiTarget:
+    """An OpenAI chat stream of ``chunks`` one-token events, a usage chunk with vLLM's
+    per-request ``metrics`` object, and ``[DONE]``, each parsed from its bytes as the API
+    target parses them, all at once and without I/O: the generator's work per request and per
+    event in ``--api`` mode, with nothing else. Given a ``timing``, it is stamped as the HTTP
+    pool stamps it (connection in hand, request written, head arrived)."""
+
+    needs_finish = True
+
+    def __init__(self, chunks: int) -> None:
+        base = b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+        events = [
+            base
+            + b'"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":%s}]}'
+            % (b'"length"' if n == chunks - 1 else b"null")
+            for n in range(chunks)
+        ]
+        events.append(
+            base + b'"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":%d,'
+            b'"total_tokens":%d},"metrics":{"queue_time_ms":0.01,"time_to_first_token_ms":0.01,'
+            b'"generation_time_ms":0.01,"mean_itl_ms":0.0,"tokens_per_second":1.0}}'
+            % (chunks, chunks + 4)
+        )
+        self.events = [*events, b"[DONE]"]
+
+    async def generate(
+        self, prompt: Any, /, *, timing: it.StreamTiming | None = None
+    ) -> AsyncIterator[Any]:
+        if timing is not None:
+            timing.acquired_ns = timing.request_sent_ns = timing.head_ns = time.monotonic_ns()
+        for data in self.events:
+            yield api_streams.openai_chunk(data, chat=True)
+
+    async def close(self) -> None:
+        pass
+
+
+ATTRIBUTION_POINT: Final = (16, 2_000.0)
+"""(events a stream, requests/s): streams of some length, at a rate one core keeps."""
+
+
+def _api_checks(parse: metrics.Histogram) -> Any:
+    return lambda: api_streams.ApiStreamCheck(parse=parse)
+
+
+def _attribution_trial(spec: openloop.LoadSpec, rate: float, chunks: int, on: bool) -> Any:
+    attribution = None
+    if on:  # the per-request sources: stamps, a traceparent, the metrics object read
+        run = session.Attribution(session.Options(metrics_url=None))
+        attribution = run.point()
+    go = openloop.run_point(
+        NullApiTarget(chunks),
+        spec,
+        rate_rps=rate,
+        request_for=lambda _: None,
+        checks=_api_checks,
+        attribution=attribution,
+    )
+    return loops.run(go, "uvloop")
+
+
+@_UVLOOP
+def bench_generator_attribution(benchmark: Any) -> None:
+    """What the attribution costs the generator per request (issue 29's bound: within 10% of
+    off): the same uncapped ``--api`` point against :class:`NullApiTarget` with attribution off
+    and on (each request stamped, given a traceparent, its metrics object read and split), in
+    alternating trials on one pinned core, and the paired ratio of CPU per request (on / off,
+    the median over the pairs). The null target is the harshest case: against a real server
+    the generator's HTTP work per request is larger and the same added cost a smaller share."""
+    chunks, rate = ATTRIBUTION_POINT
+    spec = openloop.LoadSpec(
+        duration_s=DISABLED_S if benchmark.disabled else LIVE_METRICS_TRIAL_S, seed=1
+    )
+    pairs = 1 if benchmark.disabled else LIVE_METRICS_PAIRS
+    benchmark.group = "load generator: attribution on against off"
+    points: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    cores: list[int | None] = []
+
+    def run_pairs() -> None:
+        with _one_core() as core:
+            cores.append(core)
+            for pair in range(pairs):
+                trial_spec = dataclasses.replace(spec, seed=spec.seed + pair)
+                for mode in ("off", "on") if pair % 2 == 0 else ("on", "off"):
+                    points[mode].append(_attribution_trial(trial_spec, rate, chunks, mode == "on"))
+
+    benchmark.pedantic(run_pairs, rounds=1, iterations=1)
+    pairs_of = list(zip(points["off"], points["on"], strict=True))
+    ratios = [_cpu_us_per_request(on) / _cpu_us_per_request(off) for off, on in pairs_of]
+    added_us = [_cpu_us_per_request(on) - _cpu_us_per_request(off) for off, on in pairs_of]
+    split_requests = [p["attribution"]["per_request"]["requests"] for p in points["on"]]
+    benchmark.extra_info.update(
+        target="null-api-attribution",
+        rate_rps=rate,
+        chunks_per_request=chunks,
+        concurrency=None,
+        pinned_core=cores[0],
+        pairs=pairs,
+        trial_s=spec.duration_s,
+        modes={mode: _figures(_median_trial(ps)) for mode, ps in points.items()},
+        attribution_cpu_per_request_vs_off=statistics.median(ratios),
+        attribution_cpu_us_per_request_added=statistics.median(added_us),
+        pair_ratios=ratios,
+        target_ratio=1.10,
+        load_average=metrics.machine()["load_average"],
+        # every request completed, and every one of the "on" trials was split
+        correct=all(p["requests_failed"] == 0 for ps in points.values() for p in ps)
+        and split_requests == [p["requests_completed"] for p in points["on"]],
+    )
+    for ps in points.values():
+        for p in ps:
+            assert p["requests_failed"] == 0, p["errors"]
+    assert split_requests == [p["requests_completed"] for p in points["on"]]
 
 
 LOAD_RATE_RPS = 20.0

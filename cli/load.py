@@ -44,6 +44,7 @@ def add_commands(commands: arguments.Commands) -> None:
     arguments.add_trace_arguments(load, "each request's stages (with --spawn, the server's too)")
     load_arguments.add_output_arguments(load)
     load_arguments.add_metrics_arguments(load)
+    load_arguments.add_attribution_arguments(load)
     load.set_defaults(run=load_command.run_load)
 
     page = commands.add_parser(

@@ -78,6 +78,9 @@ class ApiChunk:
     """The API's end of stream (``[DONE]``, Triton's final response)."""
     parse_ns: int = 0
     """Time the client took to parse it: JSON (or protobuf) to this object."""
+    server_metrics: object = None
+    """The server's own account of the request, when the event carries one (vLLM's
+    ``metrics`` object, on the last chunk of a stream with ``include_usage``); unchecked."""
 
 
 DONE: Final = ApiChunk(end=True)
@@ -173,6 +176,7 @@ def openai_chunk(data: bytes, *, chat: bool) -> ApiChunk:
         finished=tuple(finished),
         started=tuple(started),
         usage=_usage(obj.get("usage")),
+        server_metrics=obj.get("metrics"),
         parse_ns=perf_ns() - started_ns,
     )
 
@@ -225,6 +229,8 @@ class ApiStreamCheck:
         "id_tokens",
         "input_tokens",
         "output_tokens",
+        "parse_total_ns",
+        "server_metrics",
         "source",
         "usage",
     )
@@ -248,11 +254,19 @@ class ApiStreamCheck:
         self.output_tokens = 0
         self.input_tokens: int | None = None
         self.source = "chunks"
+        self.parse_total_ns = 0
+        """The client's parse time over the stream's events."""
+        self.server_metrics: object = None
+        """The server's per-request ``metrics`` object, if it sent one."""
 
     def check(self, chunk: ApiChunk) -> int:
         """Tokens in ``chunk`` as the stream counts them (0: none)."""
-        if self._parse is not None and chunk.parse_ns:
-            self._parse.record_ns(chunk.parse_ns)
+        if chunk.parse_ns:
+            self.parse_total_ns += chunk.parse_ns
+            if self._parse is not None:
+                self._parse.record_ns(chunk.parse_ns)
+        if chunk.server_metrics is not None:
+            self.server_metrics = chunk.server_metrics
         if self.ended:
             raise ProtocolError("an event after the end of the stream")
         if chunk.end:

@@ -36,6 +36,7 @@ from inferwire.codecs.framing import SseDecoder
 from inferwire.transports import ProtocolError
 from inferwire.transports.common import map_exceptions
 from inferwire.transports.http1.pool import HttpPool, Origin
+from inferwire.transports.timing import TRACEPARENT, StreamTiming
 
 from . import api_streams
 from .api_streams import DONE, ApiChunk
@@ -99,7 +100,12 @@ class ApiTarget(Protocol):
     endpoint: Endpoint
     needs_finish: bool
 
-    def generate(self, prompt: PromptLike, /) -> AsyncIterator[ApiChunk]: ...
+    def generate(
+        self, prompt: PromptLike, /, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[ApiChunk]:
+        """The request's stream; ``timing``, when given, is stamped as the request goes (the
+        client's stages) and its ``traceparent`` is sent."""
+        ...
 
     async def describe(self) -> dict[str, Any]: ...
 
@@ -129,9 +135,21 @@ class _HttpTarget:
             raise ProtocolError(f"GET {path}: not JSON: {exc}") from None
 
     async def _events(
-        self, path: str, body: dict[str, Any], parse: Any, *, marked_end: bool
+        self,
+        path: str,
+        body: dict[str, Any],
+        parse: Any,
+        *,
+        marked_end: bool,
+        timing: StreamTiming | None,
     ) -> AsyncIterator[ApiChunk]:
-        response = await self.pool.request("POST", path, orjson.dumps(body))
+        if timing is None:
+            response = await self.pool.request("POST", path, orjson.dumps(body))
+        else:
+            traced = f"{TRACEPARENT}: {timing.traceparent}\r\n" if timing.traceparent else ""
+            response = await self.pool.request(
+                "POST", path, orjson.dumps(body), headers=traced, timing=timing
+            )
         if response.status != 200:
             raise await response.fail()
         events = SseDecoder(parse, MAX_EVENT_BYTES, on_named_event=_error_event)
@@ -170,7 +188,9 @@ class OpenAITarget(_HttpTarget):
             self.model = models[0]["id"]
         return {"api": self.endpoint.api, "model": self.model, "models": models[:20]}
 
-    def generate(self, prompt: PromptLike, /) -> AsyncIterator[ApiChunk]:
+    def generate(
+        self, prompt: PromptLike, /, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[ApiChunk]:
         body: dict[str, Any] = {"model": self.model}
         if self.chat:
             body["messages"] = [{"role": "user", "content": prompt.text}]
@@ -184,7 +204,11 @@ class OpenAITarget(_HttpTarget):
         body.update(self.endpoint.extra_body)
         chat = self.chat
         return self._events(
-            self.path, body, lambda data: api_streams.openai_chunk(data, chat=chat), marked_end=True
+            self.path,
+            body,
+            lambda data: api_streams.openai_chunk(data, chat=chat),
+            marked_end=True,
+            timing=timing,
         )
 
 
@@ -196,7 +220,9 @@ class GenerateTarget(_HttpTarget):
         model = await self._get_json(f"/v2/models/{self.model}")
         return {"api": self.endpoint.api, "model": self.model, "server": server, "metadata": model}
 
-    def generate(self, prompt: PromptLike, /) -> AsyncIterator[ApiChunk]:
+    def generate(
+        self, prompt: PromptLike, /, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[ApiChunk]:
         parameters: dict[str, Any] = {"stream": True}
         max_tokens = prompt.max_tokens or self.endpoint.max_tokens
         if max_tokens is not None:
@@ -208,6 +234,7 @@ class GenerateTarget(_HttpTarget):
             body,
             api_streams.generate_chunk,
             marked_end=False,
+            timing=timing,
         )
 
 

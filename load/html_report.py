@@ -20,6 +20,7 @@ from matplotlib import ticker
 from matplotlib.figure import Figure
 
 from . import metrics
+from .attribution import page as attribution_page
 
 MISSING: Final = "-"
 CDF_PLOTS: Final = (
@@ -91,6 +92,8 @@ def render(report: dict[str, Any]) -> str:
             parts.append(f'<ul class="bad">{items}</ul>')
         with mpl.rc_context(_RC):  # type: ignore[arg-type]
             cdf, timeline = _cdf_svg(point), _timeline_svg(point)
+        if isinstance(point.get("attribution"), dict):  # a split run's parts: their own
+            parts.append(attribution_page.section(point["attribution"]))
         parts.append(_figure("cdf", index, cdf, _CDF_CAPTION))
         parts.append(_figure("timeline", index, timeline, _timeline_caption(point)))
     parts.append("</body></html>\n")

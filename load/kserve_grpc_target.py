@@ -34,6 +34,7 @@ from inferwire.transports import (
     TransportError,
     TransportTimeoutError,
 )
+from inferwire.transports.timing import TRACEPARENT, StreamTiming, now_ns
 
 from .api_streams import DONE, ApiChunk, ServerStreamError, perf_ns
 from .endpoints import Endpoint, PromptLike
@@ -216,13 +217,22 @@ class KServeGrpcTarget:
             request.parameters[name].CopyFrom(_parameter(value))
         return request
 
-    async def generate(self, prompt: PromptLike, /) -> AsyncIterator[ApiChunk]:
+    async def generate(
+        self, prompt: PromptLike, /, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[ApiChunk]:
         request = self._request(prompt)
+        metadata = self.metadata
 
         async def requests() -> AsyncIterator[kpb.ModelInferRequest]:
             yield request  # then the request side closes: the server ends the call after it
+            if timing is not None:  # grpc has taken it to write: its write is the channel's
+                timing.request_sent_ns = now_ns()
 
-        call = self._stream(requests(), metadata=self.metadata)
+        if timing is not None:
+            timing.acquired_ns = now_ns()  # one channel, multiplexed: nothing to wait for
+            if timing.traceparent:
+                metadata = (*metadata, (TRACEPARENT, timing.traceparent))
+        call = self._stream(requests(), metadata=metadata)
         ended = False
         try:
             async for data in call:

@@ -276,3 +276,47 @@ def add_metrics_arguments(load: argparse.ArgumentParser) -> None:
         "so a scraper sees the final values; SIGINT (Ctrl-C) or SIGTERM ends the wait "
         "(default: 0)",
     )
+
+
+def add_attribution_arguments(load: argparse.ArgumentParser) -> None:
+    where = load.add_argument_group(
+        "where the time goes",
+        "each request's client stages (connect, write, wait for the head, first event, parse)"
+        " and the server's own account of it, from up to three sources, each found"
+        " automatically: the per-request metrics object (vLLM's --enable-per-request-metrics),"
+        " the server's Prometheus /metrics (vLLM, SGLang, TGI, Triton), and its OpenTelemetry"
+        " spans (--otlp-listen); the split: queue, model, outside the engine; see"
+        " docs/measure-your-server.md",
+    )
+    where.add_argument(
+        "--server-metrics",
+        default="auto",
+        metavar="{auto,off,URL}",
+        help="the server's Prometheus endpoint, scraped before, during and after each point:"
+        " auto (the target's /metrics; Triton's gRPC: port 8002), off, or its URL",
+    )
+    where.add_argument(
+        "--request-metrics",
+        choices=("auto", "off"),
+        default="auto",
+        help="read the per-request metrics object when the server sends one (default: auto)",
+    )
+    where.add_argument(
+        "--otlp-listen",
+        metavar="HOST:PORT",
+        help="receive the server's spans over OTLP/HTTP here (point the server's exporter at"
+        " http://HOST:PORT/v1/traces) and join them to requests by their traceparent",
+    )
+    where.add_argument(
+        "--span-wait-s",
+        type=arguments.non_negative,
+        default=10.0,
+        metavar="S",
+        help="with --otlp-listen: how long each point waits for spans still in flight"
+        " (default: 10, twice the OpenTelemetry SDK's export interval)",
+    )
+    where.add_argument(
+        "--no-attribution",
+        action="store_true",
+        help="no stamps, no traceparent, no server sources: the generator as it was",
+    )

@@ -104,6 +104,7 @@ from inferwire.transports import server_process
 from inferwire.transports.tracing import CLIENT_SERVICE, Tracer, default_endpoint
 
 from . import api_mode, capacity, live_metrics, load_outputs, metrics
+from .attribution.session import attribution_from_args
 from .metrics import Slo
 from .openloop import (
     DEFAULT_DURATION_S,
@@ -121,17 +122,22 @@ T = TypeVar("T")
 
 
 @contextlib.contextmanager
-def _server(args: argparse.Namespace) -> Iterator[tuple[str, int | None]]:
-    """The address and, when known, the pid of the server to load."""
+def _server(args: argparse.Namespace) -> Iterator[tuple[str, int | None, str]]:
+    """The address and, when known, the pid of the server to load, and where a spawned one
+    answers Prometheus scrapes ("" if nowhere)."""
     if not args.spawn:
-        yield args.address, args.server_pid
+        yield args.address, args.server_pid, ""
         return
     pacing = ["--prefill-ms", str(args.prefill_ms), "--decode-ms", str(args.decode_ms)]
+    if not args.no_attribution:  # its own account of each request, as vLLM's would give it
+        pacing += ["--metrics-port", "0"]
+        if args.api in ("openai-chat", "openai-completions"):
+            pacing.append("--enable-per-request-metrics")
     if args.trace:  # the spawned server's spans go where the generator's go
         pacing += ["--trace", "--trace-endpoint", args.trace_endpoint or default_endpoint()]
     with server_process.serve(args.transport, args.codec, *pacing, "--loop", args.loop) as server:
         assert server.process is not None
-        yield server.address, server.process.pid
+        yield server.address, server.process.pid, server.metrics_address
 
 
 async def _sweep(
@@ -143,6 +149,7 @@ async def _sweep(
     records: RecordWriter | None = None,
     live: live_metrics.LiveMetrics | None = None,
     stopped: asyncio.Event | None = None,
+    metrics_address: str = "",
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bool]:
     """The points of the sweep (or of the capacity search), the search's section, and whether
     ``stopped`` was set before the sweep's end: then the warm-up or the point under way is
@@ -166,6 +173,13 @@ async def _sweep(
     points: list[dict[str, Any]] = []
     found = None
     cut = False
+    attribution = attribution_from_args(
+        args,
+        None if api is None else api.endpoint.url,
+        metrics_address=metrics_address or (address if args.transport == "http1" else ""),
+    )
+    if attribution is not None:
+        await attribution.open()
     try:
 
         async def warmed() -> bool:
@@ -198,6 +212,7 @@ async def _sweep(
                 if records is None
                 else records.sink(point=len(points), rate_rps=rate),
                 live=live,
+                attribution=None if attribution is None else attribution.point(),
             )
             print(summary_line(point), file=load_outputs.notes(args), flush=True)
             points.append(point)
@@ -226,6 +241,8 @@ async def _sweep(
     finally:
         gc.unfreeze()
         await target.close()
+        if attribution is not None:
+            await attribution.close()
         if tracer is not None:
             await asyncio.to_thread(tracer.close)  # exports what is queued
     return points, found, cut
@@ -305,6 +322,9 @@ def summary_line(point: dict[str, Any]) -> str:
         bound = point["in_flight_bound"]
         parts.append(f"{point['requests_waited_for_bound']} waited for the bound of {bound};")
     parts.append(integrity_text(point["integrity"]))
+    attribution = point.get("attribution")
+    if isinstance(attribution, dict):  # a merged split run's parts keep their own
+        parts.append("\n  " + attribution["text"])
     return " ".join(parts)
 
 
@@ -349,12 +369,13 @@ async def _stoppable_sweep(
     api: api_mode.ApiSweep | None,
     records: RecordWriter | None,
     live: live_metrics.LiveMetrics | None,
+    metrics_address: str = "",
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, bool]:
     """:func:`_sweep`, that SIGINT and SIGTERM stop (``stop`` notes them)."""
     with signals.stop_event(stop) as stopped:
         if stop.received:  # while the server was starting
             stopped.set()
-        return await _sweep(args, spec, address, pid, api, records, live, stopped)
+        return await _sweep(args, spec, address, pid, api, records, live, stopped, metrics_address)
 
 
 def run_load(args: argparse.Namespace) -> int:
@@ -427,11 +448,11 @@ def run_load(args: argparse.Namespace) -> int:
     stop = signals.StopSignal()
     # served from before the first request (the warm-up's too) to after the outputs are written
     with signals.handled(stop), live_metrics.serving(args, stop=stop) as live:
-        with _server(args) as (address, pid), load_outputs.records(args) as records:
+        with _server(args) as (address, pid, metrics), load_outputs.records(args) as records:
             if args.api is not None and args.spawn:
                 url = api_mode.spawned_url(args.transport, address, args.api)
                 api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url))
-            run = _stoppable_sweep(stop, args, spec, address, pid, api, records, live)
+            run = _stoppable_sweep(stop, args, spec, address, pid, api, records, live, metrics)
             points, found, cut = loops.run(run, args.loop)
         stopped_by = stop.name if cut else ""
         if stopped_by:

@@ -273,6 +273,26 @@ class RequestRecord:
     """The prompt's tokens, as the server's usage gives them (else as known, else None)."""
     measured: bool = True
     """False for a request in a warm-up or cool-down window: kept out of the statistics."""
+    # the client's own stages (inferwire.load.attribution.split), None where not stamped
+    pool_wait_ms: float | None = None
+    connect_ms: float | None = None
+    """Opening the connection it took (TCP, TLS); 0 when it reused one."""
+    write_ms: float | None = None
+    wait_head_ms: float | None = None
+    first_event_ms: float | None = None
+    client_parse_ms: float | None = None
+    """The client's parse time over all the stream's events."""
+    trace_id: str | None = None
+    """The W3C trace id it carried (its ``traceparent``), to find the server's spans."""
+    # what the server reported, and the split (None where no source reported the request)
+    server_source: str | None = None
+    server_queue_ms: float | None = None
+    server_prefill_ms: float | None = None
+    server_decode_ms: float | None = None
+    server_model_ms: float | None = None
+    """Prefill and decode, or the inference time the server reported."""
+    outside_engine_ms: float | None = None
+    """E2E less the generator's lag and pool wait, less the server's queue and model time."""
 
 
 RecordSink = Callable[[RequestRecord], object]

@@ -44,6 +44,8 @@ from .alarm import Alarm
 from .arrivals import ARRIVALS as ARRIVALS  # the schedules moved there; re-exported
 from .arrivals import Arrival as Arrival
 from .arrivals import arrival_offsets_ns as arrival_offsets_ns
+from .attribution.session import PointAttribution
+from .attribution.split import PointSplit
 from .metrics import Histogram, Recorder, Slo, Window
 
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
@@ -269,6 +271,12 @@ class _Run:
         self.index_first = 0
         self.index_step = 1
         self.alarm: Alarm
+        self.split: PointSplit | None = None
+        """The point's split: each request is stamped (its client stages) and its server's
+        report read; None: no stamps taken (attribution off)."""
+        self.new_traceparent: Callable[[], str] | None = None
+        self.spans_expected = False
+        """The server's spans may give a request's report after the point (OTLP)."""
 
     async def send(self, index: int, intended_ns: int) -> None:
         """One request, start to end; never raises but for cancellation."""
@@ -287,8 +295,19 @@ class _Run:
         chunk_tokens: list[int] = []
         error: str | None = None
         checker: StreamCheck | None = None
+        timing: it.StreamTiming | None = None
+        fields: dict[str, Any] | None = None
+        waits_for_spans = False
         try:
-            stream = self.target.generate(self.request_for(index))
+            if self.split is None:
+                stream = self.target.generate(self.request_for(index))
+            else:
+                timing = it.StreamTiming(server_stamps=False)
+                if self.new_traceparent is not None:
+                    timing.traceparent = self.new_traceparent()
+                # every target here takes a timing: the transports' clients, the API targets
+                target: Any = self.target
+                stream = target.generate(self.request_for(index), timing=timing)
             measured = recorder.measures(intended_ns)
             checker = self.new_check() if measured else self.unmeasured_check()
             check = checker.check
@@ -308,6 +327,22 @@ class _Run:
             done_ns = now_ns()
             if measured:
                 recorder.token_sources[checker.source] += 1
+                if timing is not None and self.split is not None:
+                    fields = self.split.request(
+                        timing,
+                        intended_ns=intended_ns,
+                        sent_ns=sent_ns,
+                        first_ns=first_ns,
+                        done_ns=done_ns,
+                        parse_ns=getattr(checker, "parse_total_ns", 0),
+                        metrics_object=getattr(checker, "server_metrics", None),
+                        deferred=self._deferred(
+                            index, intended_ns, sent_ns, done_ns, tokens, first_ns, gaps_ns, checker
+                        )
+                        if self.spans_expected
+                        else None,
+                    )
+                    waits_for_spans = fields is None
             recorder.completed_stream(
                 intended_ns=intended_ns,
                 first_token_ns=first_ns,
@@ -333,12 +368,50 @@ class _Run:
                 live.ended()
             if self.on_done is not None:
                 self.on_done()
-        if recorder.on_record is None:  # nobody reads the record: only that it was made
+        if recorder.on_record is None or waits_for_spans:  # made later, or read by nobody
             recorder.recorded.add(index)
         else:
             self._record(
-                index, intended_ns, sent_ns, done_ns, error, tokens, first_ns, gaps_ns, checker
+                index,
+                intended_ns,
+                sent_ns,
+                done_ns,
+                error,
+                tokens,
+                first_ns,
+                gaps_ns,
+                checker,
+                fields,
             )
+
+    def _deferred(
+        self,
+        index: int,
+        intended_ns: int,
+        sent_ns: int,
+        done_ns: int,
+        tokens: int,
+        first_ns: int,
+        gaps_ns: list[int],
+        checker: StreamCheck,
+    ) -> Callable[[dict[str, Any]], None]:
+        """What makes the request's record once its spans are joined."""
+
+        def record(fields: dict[str, Any]) -> None:
+            self._record(
+                index,
+                intended_ns,
+                sent_ns,
+                done_ns,
+                None,
+                tokens,
+                first_ns,
+                gaps_ns,
+                checker,
+                fields,
+            )
+
+        return record
 
     def _record(
         self,
@@ -351,6 +424,7 @@ class _Run:
         first_ns: int,
         gaps_ns: list[int],
         checker: StreamCheck | None,
+        fields: dict[str, Any] | None = None,
     ) -> None:
         recorder = self.recorder
         if recorder.on_record is None:  # nobody reads it: building it would be the cost
@@ -373,6 +447,7 @@ class _Run:
                 itl_max_ms=max(gaps_ns) / 1e6 if gaps_ns else None,
                 input_tokens=checker.input_tokens if checker is not None else None,
                 measured=self.recorder.measures(intended_ns),
+                **(fields or {}),
             )
         )
 
@@ -439,6 +514,7 @@ async def run_point(
     checks: CheckFactory | None = None,
     on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
     live: live_metrics.LiveMetrics | None = None,
+    attribution: PointAttribution | None = None,
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
@@ -447,7 +523,8 @@ async def run_point(
     of another API (:mod:`.endpoints`): ``request_for`` gives the request of each index of
     the schedule (default: ``spec.request()`` for all), ``checks`` the checks of its streams
     (default: :class:`VerifiedStream`). ``live``: the metrics served while it runs, fed what
-    the point records (:mod:`.live_metrics`)."""
+    the point records (:mod:`.live_metrics`). ``attribution``: stamp each request and read
+    its server's reports (:mod:`.attribution`), in the point's ``attribution``."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
     if spec.max_in_flight is not None and spec.max_in_flight < 1:
@@ -489,6 +566,11 @@ async def run_point(
         )
         run.index_first, run.index_step = index_first, index_step
         run.alarm = alarm = Alarm()
+        if attribution is not None:
+            run.split = attribution.split
+            run.new_traceparent = attribution.new_traceparent
+            run.spans_expected = attribution.spans_expected
+            await attribution.start()
         cpu.start()
         start_ns = now_ns() + 1_000_000  # a millisecond to get the scheduler going
         if spec.start_at_unix_s is not None:
@@ -505,6 +587,8 @@ async def run_point(
                 for task in late:
                     task.cancel()
                 await asyncio.gather(*late, return_exceptions=True)
+        if attribution is not None:  # the last scrape, the spans still in flight, joined
+            await attribution.finish()
         unaccounted = measured - recorder.completed - sum(recorder.errors.values())
         for _ in range(unaccounted):
             recorder.failed(None, now_ns())
@@ -516,6 +600,8 @@ async def run_point(
         start_ns=start_ns, scheduled=len(offsets_ns), excluded=len(offsets_ns) - measured
     )
     summary["integrity"]["content_checked"] = expected is not None
+    if attribution is not None:
+        summary["attribution"] = attribution.summary(summary)
     point: dict[str, Any] = {
         "rate_rps": finite_or_text(rate_rps),
         "concurrency": concurrency,

@@ -71,6 +71,7 @@ def _load_parser() -> Parser:
     arguments.add_trace_arguments(parser, "each request's stages")
     load_arguments.add_output_arguments(parser)
     load_arguments.add_metrics_arguments(parser)
+    load_arguments.add_attribution_arguments(parser)
     return parser
 
 

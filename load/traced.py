@@ -35,11 +35,19 @@ class TracedTarget:
         self.target = target
         self.tracer = tracer
 
-    async def generate(self, request: it.GenerateRequest, /) -> AsyncIterator[ic.TokenChunk]:
+    async def generate(
+        self, request: it.GenerateRequest, /, *, timing: it.StreamTiming | None = None
+    ) -> AsyncIterator[ic.TokenChunk]:
+        """The request, in its span; ``timing`` (the run's attribution) is handed the span's
+        own stamps and trace context, so the client's stages are the traced ones."""
         trace = self.tracer.client_request(request.workload)
+        if timing is not None:
+            timing.traceparent = trace.timing.traceparent
         outcome = "cancelled"
         try:
             async for chunk in self.target.generate(request, timing=trace.timing):
+                if timing is not None and not timing.request_sent_ns:
+                    _copy_stamps(trace.timing, timing)
                 yield chunk
             outcome = "ok"
         except Exception:
@@ -50,3 +58,11 @@ class TracedTarget:
 
     async def close(self) -> None:
         await self.target.close()
+
+
+def _copy_stamps(source: it.StreamTiming, into: it.StreamTiming) -> None:
+    into.request_start_ns = source.request_start_ns
+    into.acquired_ns = source.acquired_ns
+    into.connect_ns = source.connect_ns
+    into.request_sent_ns = source.request_sent_ns
+    into.head_ns = source.head_ns

@@ -73,6 +73,12 @@ class StreamTiming:
     """A W3C trace context to send with the request (``--trace``, :mod:`.tracing`)."""
     server_stamps: bool = True
     """Ask the server for its per-chunk stamps (the trailer); False: the client's only."""
+    acquired_ns: int = 0
+    """When the client had a connection for the request (a pool's wait, and a connect, before)."""
+    connect_ns: int = 0
+    """How long opening that connection took (TCP and TLS), when the request opened one."""
+    head_ns: int = 0
+    """When the response's head (status and headers) had arrived, where the protocol has one."""
 
     def decoded(self, count: int, received_ns: int) -> None:
         """``count`` chunks, from bytes received at ``received_ns``, are decoded now."""

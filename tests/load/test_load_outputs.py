@@ -105,7 +105,7 @@ def _typed(row: dict[str, str]) -> dict[str, Any]:
         "index": int, "output_tokens": int, "chunks": int, "input_tokens": int, "point": int,
         "ok": lambda s: {"True": True, "False": False}[s],
         "measured": lambda s: {"True": True, "False": False}[s],
-        "error": str,
+        "error": str, "trace_id": str, "server_source": str,
     }  # fmt: skip
     return {k: None if v == "" else kinds.get(k, float)(v) for k, v in row.items()}
 

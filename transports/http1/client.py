@@ -69,12 +69,14 @@ class Http1Client(Client):
                 "POST", path, body, content_type=content_type, accept=accept
             )
         traced = f"{TRACEPARENT}: {timing.traceparent}\r\n" if timing.traceparent else ""
-
-        def sent() -> None:
-            timing.request_sent_ns = now_ns()
-
         return await self.pool.request(
-            "POST", path, body, content_type=content_type, accept=accept, headers=traced, sent=sent
+            "POST",
+            path,
+            body,
+            content_type=content_type,
+            accept=accept,
+            headers=traced,
+            timing=timing,
         )
 
     async def _fail(self, response: PooledResponse) -> None:

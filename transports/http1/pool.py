@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -25,6 +25,7 @@ import httptools
 
 from ..common import ErrorMap, aclose_quietly, connect_tcp, error_detail, map_exceptions
 from ..errors import MessageTooLargeError, ProtocolError, RemoteError, StreamTruncatedError
+from ..timing import StreamTiming, now_ns
 from .server import READ_BYTES
 
 _ERRORS: Final[ErrorMap] = {httptools.HttpParserError: ProtocolError}
@@ -240,7 +241,7 @@ class HttpPool:
         self._head = "".join(f"{name}: {value}\r\n" for name, value in fixed)
         self._end = "".join(f"{name}: {value}\r\n" for name, value in close)
 
-    async def _acquire(self) -> PooledConnection:
+    async def _acquire(self, timing: StreamTiming | None = None) -> PooledConnection:
         if self._slots is not None:
             await self._slots.acquire()
         try:
@@ -250,6 +251,7 @@ class HttpPool:
                     self._busy.add(conn)
                     return conn
                 await aclose_quietly(conn.writer)
+            opening_ns = now_ns()
             reader, writer = await connect_tcp(
                 self.origin.host,
                 self.origin.port,
@@ -262,6 +264,8 @@ class HttpPool:
                 self._slots.release()
             raise
         self.connections_opened += 1
+        if timing is not None:
+            timing.connect_ns = now_ns() - opening_ns
         conn = PooledConnection(reader, writer)
         self._busy.add(conn)
         return conn
@@ -290,12 +294,15 @@ class HttpPool:
         content_type: str = "application/json",
         accept: str | None = None,
         headers: str = "",
-        sent: Callable[[], None] | None = None,
+        timing: StreamTiming | None = None,
     ) -> PooledResponse:
         """Send a request and read up to the end of the response's headers. ``headers`` are
-        extra header lines (``"name: value\\r\\n"`` each); ``sent`` is called once the request
-        is written."""
-        conn = await self._acquire()
+        extra header lines (``"name: value\\r\\n"`` each). ``timing``, when given, is stamped:
+        connection in hand (``acquired_ns``, and ``connect_ns`` if one was opened for it),
+        request written (``request_sent_ns``), head arrived (``head_ns``)."""
+        conn = await self._acquire(timing)
+        if timing is not None:
+            timing.acquired_ns = now_ns()
         try:
             accepts = f"accept: {accept}\r\n" if accept is not None else ""
             head = (
@@ -310,12 +317,14 @@ class HttpPool:
                 conn.writer.write(body)
             with map_exceptions("http1", _ERRORS):
                 await conn.writer.drain()
-            if sent is not None:
-                sent()
+            if timing is not None:
+                timing.request_sent_ns = now_ns()
             conn.response.start()
             while not conn.response.headers_done:
                 if not await conn.receive(self.timeout_s):
                     raise StreamTruncatedError("http1: the connection closed before a response")
+            if timing is not None:
+                timing.head_ns = now_ns()
         except BaseException:  # an error or a cancellation: the connection's state is unknown
             conn.reusable = False
             await self.release(conn)
