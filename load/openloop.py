@@ -341,6 +341,7 @@ class _Run:
                         )
                         if self.spans_expected
                         else None,
+                        fields=recorder.on_record is not None,
                     )
                     waits_for_spans = fields is None
             recorder.completed_stream(

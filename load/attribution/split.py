@@ -29,6 +29,7 @@ beside the split, not subtracted (the last event's parse, a few microseconds, st
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final
@@ -83,9 +84,11 @@ class PointSplit:
 
     def __init__(self, *, read_metrics_object: bool = True) -> None:
         self.read_metrics_object = read_metrics_object
-        self.client = {stage: Histogram() for stage in CLIENT_STAGES}
-        self.split = {stage: Histogram() for stage in SPLIT_STAGES}
-        self.e2e = Histogram()
+        # the values, in nanoseconds, counted into histograms at the summary: an append is the
+        # cheapest record there is, and the generator pays for every one
+        self.client = {stage: array("q") for stage in CLIENT_STAGES}
+        self.split = {stage: array("q") for stage in SPLIT_STAGES}
+        self.e2e = array("q")
         """E2E of the requests with a split (a subset of the point's, when not all had one)."""
         self.sources: Counter[str] = Counter()
         self.notes: Counter[str] = Counter()
@@ -110,10 +113,12 @@ class PointSplit:
         parse_ns: int,
         metrics_object: object,
         deferred: Callable[[dict[str, Any]], None] | None = None,
+        fields: bool = True,
     ) -> dict[str, Any] | None:
         """Record one completed, measured request: its client stages, and its split when its
         server reported it. Returns the fields of its record; or, given ``deferred`` (spans may
-        still come) and no report in hand, None, and ``deferred`` gets them at :meth:`join`."""
+        still come) and no report in hand, None, and ``deferred`` gets them at :meth:`join`.
+        ``fields``: whether anyone reads them (the records); if not, an empty dict."""
         client_ns = client_stages_ns(
             timing, intended_ns=intended_ns, sent_ns=sent_ns, first_ns=first_ns, parse_ns=parse_ns
         )
@@ -131,6 +136,8 @@ class PointSplit:
         parts = (
             {} if report is None else self.record_split(report, e2e_ns=e2e_ns, client_ns=client_ns)
         )
+        if not fields:
+            return {}
         return record_fields(client_ns, trace_id, report if parts else None, parts)
 
     def waiting_trace_ids(self) -> list[str]:
@@ -159,7 +166,7 @@ class PointSplit:
     def record_client(self, stages_ns: dict[str, int]) -> None:
         client = self.client
         for stage, value_ns in stages_ns.items():
-            client[stage].record_ns(value_ns)
+            client[stage].append(value_ns)
 
     def server_report(self, metrics_object: object, e2e_ms: float) -> ServerReport | None:
         """The request's report from its ``metrics`` object, or None (a bad one is noted)."""
@@ -177,12 +184,13 @@ class PointSplit:
         """Record one request's split; returns it (ms) for the request's record. A report whose
         engine time is more than the time left after the client's own stages is refused and
         noted (the figures cannot all be right), and nothing is recorded for it."""
-        engine_ms = report.engine_ms()
-        own_ns = client_ns.get("lag", 0) + client_ns.get("pool_wait", 0)
-        if engine_ms is None:
+        model_ms = report.model_ms()
+        if model_ms is None:
             self.notes[f"{report.source}: no model time reported"] += 1
             return {}
-        outside_ns = e2e_ns - own_ns - round(engine_ms * 1e6)
+        queue_ms = report.queue_ms
+        own_ns = client_ns["lag"] + client_ns.get("pool_wait", 0)
+        outside_ns = e2e_ns - own_ns - round((model_ms + (queue_ms or 0.0)) * 1e6)
         if outside_ns < -1_000_000:  # a millisecond of rounding in the server's figures
             self.notes[
                 f"{report.source}: the server's stages exceed the request's time less the"
@@ -192,36 +200,46 @@ class PointSplit:
         outside_ns = max(outside_ns, 0)
         self.sources[report.source] += 1
         split = self.split
-        parts = {
-            "queue": report.queue_ms,
-            "prefill": report.prefill_ms,
-            "decode": report.decode_ms,
-            "inference": report.model_ms(),
-        }
-        for stage, value_ms in parts.items():
-            if value_ms is not None:
-                split[stage].record_ns(round(value_ms * 1e6))
-        split["outside"].record_ns(outside_ns)
-        self.e2e.record_ns(e2e_ns)
+        if queue_ms is not None:
+            split["queue"].append(round(queue_ms * 1e6))
+        if report.prefill_ms is not None:
+            split["prefill"].append(round(report.prefill_ms * 1e6))
+        if report.decode_ms is not None:
+            split["decode"].append(round(report.decode_ms * 1e6))
+        split["inference"].append(round(model_ms * 1e6))
+        split["outside"].append(outside_ns)
+        self.e2e.append(e2e_ns)
         self._outside_sum_ns += outside_ns
         self._e2e_sum_ns += e2e_ns
-        return {**parts, "outside": outside_ns / 1e6}
+        return {
+            "queue": queue_ms,
+            "prefill": report.prefill_ms,
+            "decode": report.decode_ms,
+            "inference": model_ms,
+            "outside": outside_ns / 1e6,
+        }
 
     def summary(self) -> dict[str, Any]:
-        attributed = self.e2e.count
+        attributed = len(self.e2e)
         return {
-            "client": {stage: h.summary_ms() for stage, h in self.client.items() if h.count},
+            "client": {stage: _summary(v) for stage, v in self.client.items() if v},
             "per_request": {
                 "requests": attributed,
                 "sources": dict(self.sources),
-                "e2e": self.e2e.summary_ms() if attributed else None,
-                **{stage: h.summary_ms() for stage, h in self.split.items() if h.count},
+                "e2e": _summary(self.e2e) if attributed else None,
+                **{stage: _summary(v) for stage, v in self.split.items() if v},
                 "outside_share_of_e2e": (
                     self._outside_sum_ns / self._e2e_sum_ns if self._e2e_sum_ns else None
                 ),
             },
             "notes": [f"{text} ({count}x)" for text, count in self.notes.items()],
         }
+
+
+def _summary(values_ns: array[int]) -> dict[str, Any]:
+    histogram = Histogram()
+    histogram.record_all_ns(values_ns.tolist())
+    return histogram.summary_ms()
 
 
 def _trace_id(traceparent: str) -> str | None:

@@ -1,12 +1,11 @@
 """The embedded OTLP/HTTP receiver of ``inferwire load --otlp-listen``
-(inferwire.load.attribution.otlp): real exports from the OpenTelemetry SDK and raw bodies
-(protobuf, JSON, gzip, chunked) joined to requests by trace id; the statuses of what is not an
-export, after which the receiver goes on; vLLM's attributes, nonsense ones included; spans that
+(inferwire.load.attribution.otlp_receiver, .otlp): real exports from the OpenTelemetry SDK and raw
+bodies (protobuf, JSON, gzip, chunked) joined to requests by trace id; the statuses of what is not
+an export, after which the receiver goes on; vLLM's attributes, nonsense ones included; spans that
 never come; the W3C ``traceparent``. No wall-clock assertions: every wait has a generous cap."""
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import http.client
 import math
@@ -38,16 +37,9 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from inferwire._runtime.extras import MissingExtraError
-from inferwire.load.attribution import otlp
-from inferwire.load.attribution.otlp import (
-    JSON,
-    PROTOBUF,
-    ExportRefused,
-    SpanReceiver,
-    TraceReceiver,
-    new_traceparent,
-    trace_id_of,
-)
+from inferwire.load.attribution import otlp_receiver
+from inferwire.load.attribution.otlp import SpanReceiver, new_traceparent, trace_id_of
+from inferwire.load.attribution.otlp_receiver import JSON, PROTOBUF, ExportRefused, TraceReceiver
 from inferwire.load.attribution.reports import OTLP, ServerReport
 
 TIMEOUT_S: Final = 60.0
@@ -401,7 +393,7 @@ def test_a_nonsense_stage_is_left_out_with_a_note(
     _, trace_id = new_traceparent()
     attributes = {**VLLM_ATTRIBUTES, "gen_ai.latency.time_in_queue": value}
     assert _post(receiver.endpoint, _export(_span(trace_id, attributes)))[0] == 200
-    _assert_report(receiver.report_for(trace_id), dataclasses.replace(VLLM_REPORT, queue_ms=None))
+    _assert_report(receiver.report_for(trace_id), VLLM_REPORT._replace(queue_ms=None))
     assert receiver.notes == {note: 1}
 
 
@@ -535,7 +527,9 @@ def test_any_body_is_an_export_or_refused_with_a_4xx(
 ) -> None:
     status = 200
     try:
-        otlp.decode_export(body, media_type=media, content_encoding=encoding, max_body_bytes=4096)
+        otlp_receiver.decode_export(
+            body, media_type=media, content_encoding=encoding, max_body_bytes=4096
+        )
     except ExportRefused as exc:
         status = exc.status
     assert status == 200 or 400 <= status < 500
