@@ -8,8 +8,10 @@ serialization and transport).
   the reader of vLLM's per-request ``metrics`` object;
 - :mod:`.families`: the metric families of vLLM, SGLang, TGI and Triton, with their meaning and
   source, in one table;
-- :mod:`.prometheus`: scrapes of a ``/metrics`` endpoint and their deltas over a point;
-- :mod:`.otlp`: the embedded OTLP/HTTP receiver and the join of spans to requests;
+- :mod:`.scrape`: scrapes of a ``/metrics`` endpoint, parsed;
+- :mod:`.prometheus`: two scrapes' deltas over a point, per stage;
+- :mod:`.otlp_receiver`: the embedded OTLP/HTTP receiver;
+- :mod:`.otlp`: the join of a server's spans to requests, and the ``traceparent`` they carry;
 - :mod:`.split`: the split, per request and per point.
 
 Durations only: a server's timestamps are never compared with the client's clock.

@@ -16,6 +16,11 @@ stage           meaning
 ``output``      the model's outputs into response tensors (Triton's compute output)
 ==============  ==========================================================================
 
+The split subtracts only ``queue`` and the model (``prefill`` + ``decode``, else
+``inference``) from the client's E2E: ``frontend``, ``input`` and ``output`` are the server's
+own frontend and (de)serialization, so they are reported beside the split and stay in *outside
+the engine*, which is what the question asks about.
+
 vLLM's ``metrics`` object (``vllm serve --enable-per-request-metrics``, on the response, or on
 the last chunk of a stream that asks for ``stream_options.include_usage``), as its page
 *Per-Request Metrics* (docs.vllm.ai/en/latest/features/per_request_metrics) defines it:
@@ -42,8 +47,6 @@ STAGES: Final = (
     "input",
     "output",
 )
-ENGINE_STAGES: Final = ("queue", "prefill", "decode", "inference", "input", "output")
-"""The stages inside the engine: what the split subtracts from the client's E2E."""
 METRICS_OBJECT: Final = "metrics-object"
 PROMETHEUS: Final = "prometheus"
 OTLP: Final = "otlp"

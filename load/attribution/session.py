@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from inferwire._runtime.arguments import CommandError, split_address
 
-from . import otlp, prometheus
+from . import otlp, prometheus, scrape
 from .reports import METRICS_OBJECT, OTLP, PROMETHEUS
 from .split import PointSplit
 
@@ -107,13 +107,13 @@ class Attribution:
         self.options = options
         self.spans = spans
         """The OTLP receiver (:class:`.otlp.SpanReceiver`), when ``--otlp-listen`` is given."""
-        self.scraper: prometheus.Scraper | None = None
+        self.scraper: scrape.Scraper | None = None
         self._scrape_failed: str | None = None
         self.request_metrics_seen = 0
 
     async def open(self) -> None:
         if self.options.metrics_url is not None:
-            self.scraper = prometheus.Scraper(self.options.metrics_url)
+            self.scraper = scrape.Scraper(self.options.metrics_url)
         if self.spans is not None:
             self.spans.start()
 
@@ -139,20 +139,20 @@ class PointAttribution:
             _traceparent if options.traceparent else None
         )
         self.spans_expected = run.spans is not None
-        self._before: prometheus.Snapshot | None = None
-        self._after: prometheus.Snapshot | None = None
-        self._during: list[prometheus.Snapshot] = []
+        self._before: scrape.Snapshot | None = None
+        self._after: scrape.Snapshot | None = None
+        self._during: list[scrape.Snapshot] = []
         self._scrape_notes: list[str] = []
         self._ticker: asyncio.Task[None] | None = None
         self._spans_before = 0
 
-    async def _scrape(self) -> prometheus.Snapshot | None:
+    async def _scrape(self) -> scrape.Snapshot | None:
         scraper = self.run.scraper
         if scraper is None:
             return None
         try:
             return await scraper.scrape()
-        except prometheus.ScrapeError as exc:
+        except scrape.ScrapeError as exc:
             note = f"{scraper.url}: {exc}"
             if note not in self._scrape_notes:
                 self._scrape_notes.append(note)

@@ -1,17 +1,17 @@
 """A small OTLP/HTTP trace receiver that appends what it receives to a file (``inferwire
 trace collect``): enough of an OpenTelemetry Collector to test and to look at one run.
 
-The receiving is :class:`inferwire.load.attribution.otlp.TraceReceiver`'s, the one ``inferwire
-load --otlp-listen`` uses: ``POST /v1/traces`` with a body of ``application/x-protobuf`` (the
-OTLP/HTTP protobuf encoding, gzip allowed as ``Content-Encoding``), parsed as an
-``ExportTraceServiceRequest`` (``opentelemetry-proto``). This file appends each to the output
-file as one line of OTLP JSON (:mod:`.otlp_json`: the Collector file exporter's format), flushed
-at once, and answers 200 with an empty ``ExportTraceServiceResponse``. What it cannot take is
-answered with the status OTLP/HTTP names, printed to stderr, and the receiver goes on: 400 for a
-body that is not that message (or gzip that is not gzip), 404 for another path, 405 for another
-method, 413 over :data:`MAX_BODY_BYTES`, 415 for another content type (OTLP JSON bodies
-included: senders use protobuf by default). It listens on loopback unless told otherwise, in
-threads (``http.server``), as a test's fixture or a command.
+The receiving is :class:`inferwire.load.attribution.otlp_receiver.TraceReceiver`'s, the one
+``inferwire load --otlp-listen`` uses: ``POST /v1/traces`` with a body of ``application/x-protobuf``
+(the OTLP/HTTP protobuf encoding, gzip allowed as ``Content-Encoding``), parsed as an
+``ExportTraceServiceRequest`` (``opentelemetry-proto``). This file appends each to the output file
+as one line of OTLP JSON (:mod:`.otlp_json`: the Collector file exporter's format), flushed at once,
+and answers 200 with an empty ``ExportTraceServiceResponse``. What it cannot take is answered with
+the status OTLP/HTTP names, printed to stderr, and the receiver goes on: 400 for a body that is not
+that message (or gzip that is not gzip), 404 for another path, 405 for another method, 413 over
+:data:`MAX_BODY_BYTES`, 415 for another content type (OTLP JSON bodies included: senders use
+protobuf by default). It listens on loopback unless told otherwise, in threads (``http.server``), as
+a test's fixture or a command.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, BinaryIO, Final
 
 import orjson
 
-from inferwire.load.attribution.otlp import PATH, PROTOBUF, ExportRefused, TraceReceiver
+from inferwire.load.attribution.otlp_receiver import PATH, PROTOBUF, ExportRefused, TraceReceiver
 
 from . import otlp_json
 

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 
 from inferwire.load.attribution import families as fam
 from inferwire.load.attribution import prometheus as prom
+from inferwire.load.attribution import scrape
 from inferwire.load.attribution.reports import STAGES
 
 SECOND_NS = 1_000_000_000
@@ -134,8 +135,8 @@ def triton_text(values: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def snap(text: str | bytes, at_s: float = 0.0) -> prom.Snapshot:
-    return prom.parse_exposition(text, taken_ns=int(at_s * SECOND_NS), source_url="test")
+def snap(text: str | bytes, at_s: float = 0.0) -> scrape.Snapshot:
+    return scrape.parse_exposition(text, taken_ns=int(at_s * SECOND_NS), source_url="test")
 
 
 def stage(point: prom.PointMetrics, name: str) -> dict[str, Any]:
@@ -368,11 +369,25 @@ def test_a_reset_mid_point_drops_the_family() -> None:
     before = snap(engine.text())
     restarted = vllm_engine()  # the server came back with fresh histograms
     restarted.observe("vllm:request_queue_time_seconds", [0.1] * 5)
-    restarted.observe("vllm:e2e_request_latency_seconds", [1.0] * 60)  # moved past: unseen
+    restarted.observe("vllm:e2e_request_latency_seconds", [1.0] * 60)  # moved past the old
     point = prom.delta(before, snap(restarted.text(), 1.0))
-    assert "queue" not in point.stages
-    assert point.dropped == ("vllm:request_queue_time_seconds",)
-    assert any("went down" in n and "request_queue_time" in n for n in point.notes)
+    # both are new series by their _created gauge, even the one whose counts climbed past
+    assert point.stages == {}
+    assert set(point.dropped) == {
+        "vllm:request_queue_time_seconds",
+        "vllm:e2e_request_latency_seconds",
+    }
+    assert any("reset" in n and "request_queue_time" in n for n in point.notes)
+    assert any("reset" in n and "e2e_request_latency" in n for n in point.notes)
+
+
+def test_counts_that_went_down_drop_the_family_without_a_created_gauge() -> None:
+    name = "tgi_request_queue_duration"
+    before = snap(histogram_text(name, [0.1] * 9, (0.5,)))
+    after = snap(histogram_text(name, [0.1] * 4, (0.5,)), 1.0)  # Rust exporters have none
+    point = prom.delta(before, after)
+    assert point.dropped == (name,)
+    assert any("went down" in n and name in n for n in point.notes)
 
 
 def test_a_restart_seen_by_the_process_start_time_drops_everything() -> None:
@@ -520,20 +535,20 @@ def test_parse_keeps_the_kinds_apart() -> None:
     ],
 )
 def test_not_prometheus(body: bytes) -> None:
-    with pytest.raises(prom.ScrapeError, match="not Prometheus"):
-        prom.parse_exposition(body)
+    with pytest.raises(scrape.ScrapeError, match="not Prometheus"):
+        scrape.parse_exposition(body)
 
 
 def test_a_body_over_the_limit_is_refused() -> None:
-    with pytest.raises(prom.ScrapeError, match="over"):
-        prom.parse_exposition(b"x 1\n" * (prom.MAX_BODY_BYTES // 4 + 1))
+    with pytest.raises(scrape.ScrapeError, match="over"):
+        scrape.parse_exposition(b"x 1\n" * (scrape.MAX_BODY_BYTES // 4 + 1))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200) | st.binary(max_size=200))
 def test_any_body_is_a_snapshot_or_a_scrape_error(body: str | bytes) -> None:
-    with contextlib.suppress(prom.ScrapeError):
-        prom.parse_exposition(body)
+    with contextlib.suppress(scrape.ScrapeError):
+        scrape.parse_exposition(body)
 
 
 @settings(max_examples=300, deadline=None)
@@ -544,8 +559,8 @@ def test_any_damaged_exposition_is_a_snapshot_or_a_scrape_error(
     start: int, end: int, noise: str
 ) -> None:
     text = tgi_text([0.001], [0.01], [0.5])
-    with contextlib.suppress(prom.ScrapeError):
-        prom.parse_exposition(text[:start] + noise + text[end:])
+    with contextlib.suppress(scrape.ScrapeError):
+        scrape.parse_exposition(text[:start] + noise + text[end:])
 
 
 # --- the scraper, against a real socket ------------------------------------------------------
@@ -590,8 +605,8 @@ def server() -> Iterator[str]:
     thread.join()
 
 
-async def scrape_once(url: str, **kwargs: Any) -> prom.Snapshot:
-    scraper = prom.Scraper(url, **kwargs)
+async def scrape_once(url: str, **kwargs: Any) -> scrape.Snapshot:
+    scraper = scrape.Scraper(url, **kwargs)
     try:
         return await scraper.scrape()
     finally:
@@ -607,8 +622,8 @@ def test_scrape(server: str, path: str) -> None:
 
 
 def test_two_scrapes_on_one_scraper(server: str) -> None:
-    async def twice() -> list[prom.Snapshot]:
-        scraper = prom.Scraper(server + "/moved", timeout_s=10.0)
+    async def twice() -> list[scrape.Snapshot]:
+        scraper = scrape.Scraper(server + "/moved", timeout_s=10.0)
         try:
             return [await scraper.scrape(), await scraper.scrape()]
         finally:
@@ -630,7 +645,7 @@ def test_two_scrapes_on_one_scraper(server: str) -> None:
     ],
 )
 def test_scrape_errors(server: str, path: str, kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(prom.ScrapeError, match=message):
+    with pytest.raises(scrape.ScrapeError, match=message):
         asyncio.run(scrape_once(server + path, timeout_s=10.0, **kwargs))
 
 
@@ -638,7 +653,7 @@ def test_unreachable() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again: nothing listens there
-    with pytest.raises(prom.ScrapeError, match="unreachable"):
+    with pytest.raises(scrape.ScrapeError, match="unreachable"):
         asyncio.run(scrape_once(f"http://127.0.0.1:{port}/metrics", timeout_s=10.0))
 
 
@@ -647,10 +662,10 @@ def test_no_answer() -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         url = f"http://127.0.0.1:{sock.getsockname()[1]}/metrics"
-        with pytest.raises(prom.ScrapeError, match="no answer within"):
+        with pytest.raises(scrape.ScrapeError, match="no answer within"):
             asyncio.run(scrape_once(url, timeout_s=0.2))
 
 
 def test_a_url_that_is_not_http() -> None:
-    with pytest.raises(prom.ScrapeError, match="http"):
-        prom.Scraper("ftp://example.com/metrics")
+    with pytest.raises(scrape.ScrapeError, match="http"):
+        scrape.Scraper("ftp://example.com/metrics")

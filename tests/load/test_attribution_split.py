@@ -14,7 +14,7 @@ from inferwire.transports.timing import StreamTiming
 MS = 1_000_000
 
 
-def _timing(**stamps: int) -> StreamTiming:
+def _timing(**stamps: int | str) -> StreamTiming:
     timing = StreamTiming(server_stamps=False)
     for name, value in stamps.items():
         setattr(timing, name, value)
