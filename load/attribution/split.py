@@ -173,10 +173,13 @@ class PointSplit:
         if metrics_object is None or not self.read_metrics_object:
             return None
         try:
-            return from_metrics_object(metrics_object, e2e_ms=e2e_ms)
+            report = from_metrics_object(metrics_object, e2e_ms=e2e_ms)
         except BadReport as exc:
             self.notes[f"a metrics object was refused ({exc.kind})"] += 1
             return None
+        if report is None:  # one was sent, all null: not "the server sent none"
+            self.notes["a metrics object was refused (every stage null)"] += 1
+        return report
 
     def record_split(
         self, report: ServerReport, *, e2e_ns: int, client_ns: dict[str, int]
