@@ -20,6 +20,9 @@ each its own process, loopback), see :mod:`inferwire.bench.procs.engine_stack`:
   serialization and network at a moderate rate.
 - ``bench_hop_sweep``: output tokens/s against offered rate per hop codec, codecs interleaved
   within each rate step, until the frontend's core saturates.
+- ``bench_engine_attribution``: ``inferwire load``'s attribution of each request's time (the
+  per-request ``metrics`` object, and the point's means from ``/metrics``) against the
+  frontend's ``--stamps-file``, per hop codec (issue 29).
 
 Every request's length and prompt come from a seeded draw
 (:func:`~inferwire.bench.measure.engine_runs.request_shapes`): batching policies differ exactly
@@ -41,12 +44,14 @@ import numpy as np
 import pytest
 
 from inferwire import engine
+from inferwire.bench.measure import attribution_truth
 from inferwire.bench.measure.engine_drive import (
     SATURATION_CORES,
     SATURATION_GAIN,
     drive,
     limited,
     point_figures,
+    stack_loop,
     summarize,
     sweep_trial,
 )
@@ -477,3 +482,68 @@ def bench_hop_sweep(benchmark: Any) -> None:
         ),
     )
     assert benchmark.extra_info["correct"], points
+
+
+ATTRIBUTION_HOPS: Final = STAGES_HOPS
+"""The stages table's hop codecs: vLLM's msgpack, the pickle it left, and JSON. The attribution
+does not depend on the hop (the metrics object and the histograms are the frontend's), so three
+show it holds whatever the hop costs; each stack takes 4-7 s to run once untimed."""
+ATTRIBUTION_RATE_RPS: Final = STAGES_RATE_RPS
+ATTRIBUTION_WINDOW_S: Final = STAGES_WINDOW_S
+
+
+@pytest.mark.parametrize("hop", ATTRIBUTION_HOPS)
+def bench_engine_attribution(benchmark: Any, hop: str) -> None:
+    """Where a request's time goes, as ``inferwire load`` attributes it from the server's own
+    reports, against the truth of the frontend's stamps: the generator drives
+    ``inferwire serve --engine --enable-per-request-metrics --stamps-file`` (http1, OpenAI chat,
+    orjson) at a moderate rate, continuous batching and the default step model; per request
+    from each stream's ``metrics`` object, per point from the means of the frontend's
+    vLLM-named histograms (see :mod:`~inferwire.bench.measure.attribution_truth`)."""
+    window = 1.0 if quick(benchmark) else ATTRIBUTION_WINDOW_S
+    # no warm-up window: the server's histograms count every request of the point, so the
+    # truth's means are over the same requests (untimed requests warm the stack before it)
+    spec = openloop.LoadSpec(duration_s=window, seed=SEED)
+    shapes = request_shapes(int(window * ATTRIBUTION_RATE_RPS * 2) + 16)
+    output_tokens = [shape.output_tokens for shape in shapes]
+    with attribution_truth.TruthStack(hop, "--policy", "continuous") as stack:
+        run = benchmark.pedantic(
+            lambda: attribution_truth.run_attributed(
+                stack, spec, ATTRIBUTION_RATE_RPS, output_tokens, loop=stack_loop()
+            ),
+            rounds=1,
+            iterations=1,
+        )
+        wanted = attribution_truth.WARM_REQUESTS + len(run.records)
+        lines = stack.stamp_lines(at_least=wanted)
+    figures = attribution_truth.compare(run, lines)
+    benchmark.group = "engine: attribution against the stamps (real stack)"
+    benchmark.extra_info.update(
+        op="engine-attribution",
+        hop_codec=hop,
+        frontend_transport="http1",
+        frontend_codec="orjson",
+        api="openai-chat",
+        policy="continuous",
+        rate_rps=ATTRIBUTION_RATE_RPS,
+        window_s=window,
+        seed=SEED,
+        loop=run.point["loop"],
+        output_tokens=list(OUTPUT_TOKENS),
+        prompt_tokens=attribution_truth.PROMPT_TOKENS,
+        step=step_model_info(engine.StepModel()),
+        bound_share=attribution_truth.BOUND_SHARE,
+        bound_ms=attribution_truth.BOUND_MS,
+        method=(
+            "Attributed: each request's queue and model time from the per-request metrics "
+            "object on its stream's usage chunk, and its time outside the engine as its E2E "
+            "less the generator's own lag and pool wait and the engine's queue and model time; "
+            "per point, the same from the means of the frontend's vLLM histograms scraped "
+            "before and after it. Truth: the frontend's stamps file (engine arrived, "
+            "scheduled, last token), joined to each request by the time the frontend received "
+            "it (between the client's connection in hand and the response's head, on the "
+            "host's one monotonic clock) and its token count."
+        ),
+        **figures,
+    )
+    assert benchmark.extra_info["correct"], figures

@@ -18,6 +18,7 @@ from . import (
     codecs,
     connections,
     engine,
+    engine_attribution,
     faults,
     grpc,
     instructions,
@@ -162,6 +163,7 @@ def write(raw_path: Path, out_dir: Path) -> Path:
         serving.section(raw_dir),
         faults.section(raw_dir),
         engine.section(raw_dir),
+        engine_attribution.section(raw_dir),
         claims.section(results, raw_dir),
         reproducibility.section(
             raw_dir,
