@@ -250,7 +250,7 @@ class KServeGrpc:
         return kpb.ServerLiveResponse(live=True)
 
     def server_ready(self, request: kpb.ServerReadyRequest) -> kpb.ServerReadyResponse:
-        return kpb.ServerReadyResponse(ready=True)
+        return kpb.ServerReadyResponse(ready=self.service.healthy())  # engine away: False
 
     def server_metadata(self, request: kpb.ServerMetadataRequest) -> kpb.ServerMetadataResponse:
         return kpb.ServerMetadataResponse(

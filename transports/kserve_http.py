@@ -9,7 +9,8 @@ The protocol: https://kserve.github.io/website/latest/modelserving/data_plane/v2
 method   path                                        answer
 =======  ==========================================  ==========================================
 GET      /v2/health/live, /v2/health/ready           200, empty body (the spec: "should be
-                                                     empty")
+                                                     empty"); ready is 400 while a frontend's
+                                                     engine is away
 GET      /v2                                         server metadata: name, version, extensions
 GET      /v2/models/{m}[/versions/{v}]               model metadata
 GET      /v2/models/{m}[/versions/{v}]/ready         200, empty body
@@ -199,8 +200,13 @@ class KServeHttp:
     ) -> Response:
         """The answer to one request under ``/v2``; ``path`` without its query, ``headers``
         with lower-case names, ``received_ns`` when it had arrived whole (for the metrics)."""
-        if path in ("/v2/health/live", "/v2/health/ready"):
+        if path == "/v2/health/live":
             return _method(method, "GET") or Response(200, _EMPTY)
+        if path == "/v2/health/ready":
+            # not ready while a frontend's engine is away: the status code is the answer
+            # (4xx for false, as Triton's HandleServerHealth answers 400)
+            ready = self.service.healthy()
+            return _method(method, "GET") or Response(200 if ready else 400, _EMPTY)
         if path == "/v2":
             return _method(method, "GET") or Response(200, _JSON, orjson.dumps(server_metadata()))
         match = _MODEL_PATH.fullmatch(path)

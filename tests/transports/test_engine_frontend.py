@@ -203,16 +203,20 @@ def test_a_frontends_figures_are_what_the_engines_stamps_make(
 # -- /health ------------------------------------------------------------------------------
 
 
-def _health(server: ServerProcess, transport: str) -> int:
+def _health(server: ServerProcess, transport: str, path: str = "/health") -> int:
     with httpx.Client(http1=transport == "http1", http2=transport == "http2") as http:
-        return http.get(f"http://{server.address}/health", timeout=WAIT_S).status_code
+        return http.get(f"http://{server.address}{path}", timeout=WAIT_S).status_code
 
 
 def _until_health(server: ServerProcess, transport: str, status: int, within_s: float) -> None:
+    """Until ``/health`` answers ``status``; KServe's readiness then agrees (400 for not
+    ready, as Triton answers) while its liveness stays 200: the process is up."""
     deadline = time.monotonic() + within_s
     while (got := _health(server, transport)) != status:
         assert time.monotonic() < deadline, f"/health still {got}, not {status}"
         time.sleep(0.02)
+    assert _health(server, transport, "/v2/health/ready") == (200 if status == 200 else 400)
+    assert _health(server, transport, "/v2/health/live") == 200
 
 
 @pytest.mark.parametrize("transport", ["http1", "http2"])
@@ -225,6 +229,7 @@ def test_health_is_503_while_the_engine_is_away(
             processes, log, transport, endpoint, "--engine-liveness-timeout", LIVENESS_S
         )
     assert _health(server, transport) == 503  # not up yet
+    assert _health(server, transport, "/v2/health/ready") == 400
     engine = processes("engine", "--endpoint", endpoint, *FAST)
     _until_health(server, transport, 200, WAIT_S)
     engine.kill()

@@ -31,6 +31,7 @@ import inferwire.transports as it
 from inferwire._runtime import loops
 from inferwire.schemas.kserve import inference_pb2 as kpb
 from inferwire.transports import kserve_grpc
+from inferwire.workloads import token_stream_source
 from tests.helpers.faults import Running, expected_chunks, serving, wait_until
 
 BOUND_S = 60.0
@@ -629,3 +630,18 @@ def test_a_client_that_leaves_mid_stream_frees_the_handler(event_loop_kind: str)
                 await _assert_echoes(channel)
 
     loops.run(run(), event_loop_kind)
+
+
+class _EngineAway(it.SimulatedService):
+    """A service whose engine is away, as a frontend's is before its engine comes up."""
+
+    def healthy(self) -> bool:
+        return False
+
+
+def test_server_ready_is_false_while_the_engine_is_away() -> None:
+    away = kserve_grpc.KServeGrpc(_EngineAway(token_stream_source))
+    here = kserve_grpc.KServeGrpc(it.SimulatedService(token_stream_source))
+    assert away.server_live(kpb.ServerLiveRequest()).live
+    assert not away.server_ready(kpb.ServerReadyRequest()).ready
+    assert here.server_ready(kpb.ServerReadyRequest()).ready

@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 import inferwire.codecs as ic
 import inferwire.transports as it
-from inferwire.transports.kserve_http import HEADER_LENGTH
+from inferwire.transports.kserve_http import HEADER_LENGTH, KServeHttp
 from inferwire.workloads import token_stream_source
 from tests.helpers.faults import assert_serves, serving
 
@@ -545,3 +545,20 @@ def test_generate_stream_sends_one_event_a_chunk(transport: str) -> None:
     assert whole.json()["text_output"] == "".join(c.text for c in expected)
     assert refused.status_code == 400
     assert "text_input" in refused.json()["error"]
+
+
+class _EngineAway(it.SimulatedService):
+    """A service whose engine is away, as a frontend's is before its engine comes up."""
+
+    def healthy(self) -> bool:
+        return False
+
+
+def test_the_server_is_live_but_not_ready_while_its_engine_is_away() -> None:
+    def status(service: it.SimulatedService, path: str) -> int:
+        return KServeHttp(service, ic.get("orjson")).handle("GET", path, {}, b"").status
+
+    away, here = _EngineAway(token_stream_source), it.SimulatedService(token_stream_source)
+    assert status(away, "/v2/health/live") == 200
+    assert status(away, "/v2/health/ready") == 400  # Triton's answer for "not ready"
+    assert status(here, "/v2/health/ready") == 200
