@@ -60,12 +60,17 @@ def _ms(points: list[dict[str, Any]], key: str) -> str:
     return " / ".join(f"{p[key] * 1e3:.1f}" for p in points)
 
 
+def _mib(c: dict[str, Any]) -> str:
+    return f"{c.get('memory_bytes', 64 * 2**20) / 2**20:.0f} MiB"
+
+
 def calibration_section(raw_dir: Path) -> str:
     """The steadiness table, or "" for a run made before suites recorded it."""
     calibrations = _suite_calibrations(raw_dir)
     if not calibrations:
         return ""
     bounds = calibrations[0][2].get("bounds", {})
+    moved_bound = bounds.get("moved", 0.1)
     rows = []
     for suite, number, c in calibrations:
         points = c.get("points", [])
@@ -75,8 +80,8 @@ def calibration_section(raw_dir: Path) -> str:
                 f"`{suite}`",
                 str(number),
                 _ms(points, "cpu_s"),
-                _ms(points, "memory_s"),
-                f"{max(c.get('cpu_moved', 0.0), c.get('memory_moved', 0.0)):.0%}",
+                f"{_ms(points, 'memory_s')} ({_mib(c)})",
+                f"{c.get('cpu_moved', 0.0):.0%} / {c.get('memory_moved', 0.0):.0%}",
                 f"{c.get('others_cpu_share', 0.0):.0%}",
                 f"{c.get('steal_share', 0.0):.1%}",
                 load,
@@ -85,27 +90,42 @@ def calibration_section(raw_dir: Path) -> str:
         )
     unstable = [(s, n, c) for s, n, c in calibrations if not c.get("stable")]
     verdict = (
-        "Every suite ran on a steady machine by these bounds."
+        f"Stable by these bounds: all {len(calibrations)} suite runs."
         if not unstable
         else f"{len(unstable)} of {len(calibrations)} suite runs were **unstable**: "
         + "; ".join(f"`{s}` repeat {n}: {', '.join(c.get('reasons', []))}" for s, n, c in unstable)
         + ". Their figures are printed, but read them with that in mind."
     )
+    drifted = [
+        c
+        for _, _, c in calibrations
+        if max(c.get("cpu_moved", 0.0), c.get("memory_moved", 0.0)) > moved_bound
+    ]
+    cpu_ms = [p["cpu_s"] * 1e3 for _, _, c in calibrations for p in c.get("points", [])]
+    drift = (
+        f"The host's speed drifted past {moved_bound:.0%} in {len(drifted)} of "
+        f"{len(calibrations)} suite runs; over the whole run the *cpu* workload took "
+        f"{min(cpu_ms):.1f} to {max(cpu_ms):.1f} ms."
+        if cpu_ms
+        else ""
+    )
     return "\n".join(
         [
-            "How steady the machine was. Each suite timed two fixed workloads at its start, "
-            "middle and end (ms, the fastest of 15): *cpu*, pure-Python integer and dict work; "
-            "*memory*, a 64 MiB copy, past every cache. *moved*: the larger of the two "
-            "workloads' change between those points. *others*: the share of the CPUs' time "
-            "that processes outside the suite used while it ran (from `/proc/stat`, minus the "
-            "suite's own process tree); *steal*: the share the hypervisor gave to other "
-            "guests. A run is unstable when a workload moved more than "
-            f"{bounds.get('moved', 0.1):.0%}, others used more than "
-            f"{bounds.get('others_cpu_share', 0.1):.0%} or steal passed "
-            f"{bounds.get('steal_share', 0.05):.0%}; `inferwire bench` does not publish an "
-            "unstable run over a stable one unless forced. The absolute times in this report "
-            "are this machine's under these conditions; the ratios are paired within a run "
-            "and are what carries to another machine.",
+            "How steady the machine was. *others*: the share of the CPUs' time that processes "
+            "outside the suite used while it ran (from `/proc/stat`, minus the suite's own "
+            "process tree); *steal*: the share the hypervisor gave to other guests. A run is "
+            f"**unstable** when others used more than {bounds.get('others_cpu_share', 0.1):.0%}"
+            f" or steal passed {bounds.get('steal_share', 0.05):.0%}: a neighbour on this "
+            "machine; `inferwire bench` does not publish an unstable run over a stable one "
+            "unless forced. Each suite also timed two fixed workloads at its start, middle and "
+            "end, pinned to its core (ms, the fastest of several): *cpu*, pure-Python integer "
+            "and dict work; *memory*, a copy of four times the last-level cache. *drift* is how "
+            "far each moved between those points (cpu / memory). It reads the host below this "
+            "machine, which shares its cores' siblings, its cache and its memory bus with other "
+            "guests: with no other process and no steal it still moves, in phases of seconds "
+            "(measured in `inferwire.bench.measure.calibration`). Drift is not a verdict: the "
+            "absolute times of a run that drifted mix the host's speeds, the ratios this "
+            "report judges are paired within one run and do not.",
             "",
             table(
                 [
@@ -113,7 +133,7 @@ def calibration_section(raw_dir: Path) -> str:
                     "repeat",
                     "cpu (start / middle / end)",
                     "memory",
-                    "moved",
+                    "drift",
                     "others",
                     "steal",
                     "load average",
@@ -122,6 +142,6 @@ def calibration_section(raw_dir: Path) -> str:
                 rows,
             ),
             "",
-            verdict,
+            " ".join(part for part in (verdict, drift) if part),
         ]
     )

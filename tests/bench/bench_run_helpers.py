@@ -98,13 +98,23 @@ def _cpu_s(pid: int) -> float:
     return float(times.user + times.system)
 
 
+CPU_LOOP: Final = "while time.monotonic() < end:\n    pass\n"
+MEMORY_LOOP: Final = (
+    "import numpy as np\n"
+    "a = np.ones(64 << 20, dtype=np.uint8)\nb = np.empty_like(a)\n"  # past a core's L2
+    "while time.monotonic() < end:\n    np.copyto(b, a)\n"
+)
+"""A memory-bandwidth hog: copies of 64 MiB, back to back."""
+
+
 @contextlib.contextmanager
-def busy_neighbour() -> Iterator[int]:
-    """A busy loop in a process that is not this one's descendant; yields its pid once it has
+def busy_neighbour(*, core: int | None = None, memory: bool = False) -> Iterator[int]:
+    """A busy loop in a process that is not this one's descendant (on ``core`` only, when
+    given; copying memory rather than spinning, with ``memory``); yields its pid once it has
     started burning CPU, and kills it on the way out."""
-    loop = (
-        f"import time\nend = time.monotonic() + {NEIGHBOUR_LIFETIME_S}\n"
-        "while time.monotonic() < end:\n    pass\n"
+    pinned = f"import os\nos.sched_setaffinity(0, {{{core}}})\n" if core is not None else ""
+    loop = f"{pinned}import time\nend = time.monotonic() + {NEIGHBOUR_LIFETIME_S}\n" + (
+        MEMORY_LOOP if memory else CPU_LOOP
     )
     # its output goes to /dev/null: a pipe it inherited would hold subprocess.run until it ended
     started = subprocess.run(

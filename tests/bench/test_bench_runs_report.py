@@ -174,7 +174,7 @@ def _suite_calibration(
 
 
 def test_the_calibration_section_has_a_row_per_suite_and_repeat(tmp_path: Path) -> None:
-    unstable = _suite_calibration(False, "the cpu calibration moved 25%", cpu_ms=(20, 25))
+    unstable = _suite_calibration(False, "other processes used 25.0% of the CPUs", cpu_ms=(20, 25))
     _write(
         tmp_path / "codecs.json",
         merge.merge(
@@ -192,17 +192,21 @@ def test_the_calibration_section_has_a_row_per_suite_and_repeat(tmp_path: Path) 
 
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert rows == [
-        "| `codecs` | 1 | 20.0 / 22.0 / 21.0 | 10.5 / 10.5 / 10.5 | 10% | 4% | 0.1% "
+        "| `codecs` | 1 | 20.0 / 22.0 / 21.0 | 10.5 / 10.5 / 10.5 (64 MiB) | 10% / 0% | 4% | 0.1% "
         "| 1.2 / 1.2 / 1.2 | stable |",
-        "| `codecs` | 2 | 20.0 / 25.0 | 10.5 / 10.5 | 25% | 4% | 0.1% | 1.2 / 1.2 | **unstable** |",
-        "| `transports` | 1 | 20.0 / 22.0 / 21.0 | 10.5 / 10.5 / 10.5 | 10% | 4% | 0.1% "
-        "| 1.2 / 1.2 / 1.2 | stable |",
+        "| `codecs` | 2 | 20.0 / 25.0 | 10.5 / 10.5 (64 MiB) | 25% / 0% | 4% | 0.1% | 1.2 / 1.2 "
+        "| **unstable** |",
+        "| `transports` | 1 | 20.0 / 22.0 / 21.0 | 10.5 / 10.5 / 10.5 (64 MiB) | 10% / 0% | 4% "
+        "| 0.1% | 1.2 / 1.2 / 1.2 | stable |",
     ]
     assert (
-        "1 of 3 suite runs were **unstable**: `codecs` repeat 2: the cpu calibration moved 25%."
-        in text
+        "1 of 3 suite runs were **unstable**: `codecs` repeat 2: other processes used 25.0% of "
+        "the CPUs." in text
     )
-    assert "more than 10%, others used more than 10% or steal passed 5%" in text
+    assert "when others used more than 10% or steal passed 5%" in text
+    # 25% is past the bound; 22 / 20 ms is 10% and a rounding past it
+    assert "drifted past 10% in 3 of 3 suite runs" in text
+    assert "the *cpu* workload took 20.0 to 25.0 ms" in text
 
 
 def test_a_steady_run_says_so_and_an_old_run_has_no_calibration_section(tmp_path: Path) -> None:
@@ -212,8 +216,8 @@ def test_a_steady_run_says_so_and_an_old_run_has_no_calibration_section(tmp_path
     assert machine.machine_section(result_file([]), tmp_path).startswith("- run: ")
     _write(tmp_path / "codecs.json", result_file([], _suite_calibration(True)))
     text = machine.machine_section(result_file([]), tmp_path)
-    assert "Every suite ran on a steady machine by these bounds." in text
-    assert "**unstable**" not in text
+    assert "Stable by these bounds: all 1 suite runs." in text
+    assert "| **unstable** |" not in text
 
 
 @pytest.mark.parametrize(
