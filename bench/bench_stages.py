@@ -6,15 +6,21 @@ becomes queueing). Every figure is a P50 with its P90 beside it, warm-up exclude
 
 - per chunk: ``WARMUP_STREAMS`` untimed ``stream-256`` then ``STREAMS`` timed ones (about
   0.27 s each), their chunks pooled (3 x 256 = 768 chunks). With the server's stamps
-  (:mod:`inferwire.transports.timing`): server serialize, server write, network (written to
-  received: loopback plus the reader's wake-up), client parse, produced to decoded; and each
-  chunk's own shares (``shares``), so a share is a per-chunk ratio, not a ratio of medians.
+  (:mod:`inferwire.transports.timing`): server serialize, network (encoded, before the
+  server's write call, to the client's read returned: the write call, loopback and the
+  reader's wake-up), client parse, produced to decoded (the three add up to it), and the
+  server's write call alone (``write``, inside network); and each chunk's own shares
+  (``shares``), so a share is a per-chunk ratio, not a ratio of medians.
 - a request's own path to its first token: ``WARMUP_REQUESTS`` untimed then ``REQUESTS``
   short requests (``REQUEST_TOKENS`` tokens each), each sent ``IDLE_GAP_S`` after the previous
-  one ended, as on an idle connection: client serialize, network to server, server
-  parse, service (parsed to first chunk produced), server serialize, write, network back,
+  one ended, as on an idle connection: client serialize, client dispatch, network to server,
+  server parse, service (parsed to first chunk produced), server serialize, network back,
   client parse (``request_stages_us``). One request alone is no figure: the first requests a
   fresh server process answers pay its cold start (a first parse of 5 ms beside 0.1 ms).
+
+Every network stage runs from a stamp taken before the sender's write call to one taken after
+the receiver's read returned, on the host's one monotonic clock: no sample is below zero, and
+the benchmark fails if one is.
 
 ``bench_wan_share`` (claim C7): 16 tokens at 10 ms of compute each (prefill 10 ms, then
 10 ms per token), direct and through the WAN-delay proxy at 20 ms one way, as one stream and
@@ -26,8 +32,10 @@ network share is the median over the pairs of 1 - direct / proxied.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -124,6 +132,81 @@ def chunk_shares(stages_ns: dict[str, np.ndarray], decode_ms: float) -> dict[str
     }
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measured:
+    """One transport x codec cell's timed streams and requests, and whether each answer was
+    the expected one."""
+
+    streams: list[it.StreamTiming]
+    requests: list[it.StreamTiming]
+    outputs: list[bool]
+    chunks: int
+    """Chunks in each timed stream."""
+
+
+async def measure(
+    transport: str,
+    address: str,
+    codec: str,
+    *,
+    workload: str,
+    streams: int,
+    requests: int,
+    warmup_requests: int,
+) -> Measured:
+    """On one connection: ``WARMUP_STREAMS`` untimed streams and ``warmup_requests`` untimed
+    requests, then ``streams`` timed streams of ``workload`` and ``requests`` short ones, each
+    after ``IDLE_GAP_S``."""
+    stream_request = it.GenerateRequest(workload=workload)
+    short_request = it.GenerateRequest(workload=workload, max_tokens=REQUEST_TOKENS)
+    service = it.SimulatedService(token_stream_source)
+    expected = list(service.chunks(stream_request))
+    expected_short = list(service.chunks(short_request))
+    outputs: list[bool] = []
+
+    async def timed(client: it.Client, request: it.GenerateRequest) -> it.StreamTiming:
+        # each on an idle connection: right after a stream the client's loop is still
+        # finishing it, and that work would land among the next request's stamps
+        await asyncio.sleep(IDLE_GAP_S)
+        timing = it.StreamTiming()
+        chunks = [chunk async for chunk in client.generate(request, timing=timing)]
+        outputs.append(chunks == (expected if request is stream_request else expected_short))
+        return timing
+
+    async with it.connect(transport, address, codec=codec) as client:
+        # untimed first: the connection is open, the server process past its cold start
+        # and the workload built, so what follows is a steady-state request's
+        for _ in range(WARMUP_STREAMS):
+            await timed(client, stream_request)
+        for _ in range(warmup_requests):
+            await timed(client, short_request)
+        outputs.clear()
+        stream_timings = [await timed(client, stream_request) for _ in range(streams)]
+        request_timings = [await timed(client, short_request) for _ in range(requests)]
+    return Measured(
+        streams=stream_timings, requests=request_timings, outputs=outputs, chunks=len(expected)
+    )
+
+
+def pooled_ns(measured: Measured) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Every stage's samples (ns): the timed streams' chunks pooled, and the requests' (those
+    with every stamp)."""
+    per_stream = [t.stages_ns() for t in measured.streams]
+    chunks = {name: np.concatenate([s[name] for s in per_stream]) for name in per_stream[0]}
+    per_request = [t.request_stages_ns() for t in measured.requests]
+    requests = {
+        name: np.asarray([r[name] for r in per_request if r], dtype=np.float64)
+        for name in REQUEST_STAGES
+    }
+    return chunks, requests
+
+
+def negative_stages(samples_ns: dict[str, np.ndarray]) -> dict[str, float]:
+    """The stages with a sample below zero, and their lowest (ns): none, as each is a
+    difference of two stamps in causal order (:mod:`inferwire.transports.timing`)."""
+    return {name: float(v.min()) for name, v in samples_ns.items() if len(v) and v.min() < 0}
+
+
 @pytest.mark.parametrize("codec", STAGE_CODECS)
 @pytest.mark.parametrize("transport", it.TRANSPORTS)
 def bench_stages(benchmark: Any, stage_env: _Env, transport: str, codec: str) -> None:
@@ -132,46 +215,22 @@ def bench_stages(benchmark: Any, stage_env: _Env, transport: str, codec: str) ->
     workload = "stream-16" if quick else STAGE_WORKLOAD
     streams, requests = (1, 2) if quick else (STREAMS, REQUESTS)
     warmup_requests = 1 if quick else WARMUP_REQUESTS
-    stream_request = it.GenerateRequest(workload=workload)
-    short_request = it.GenerateRequest(workload=workload, max_tokens=REQUEST_TOKENS)
-    service = it.SimulatedService(token_stream_source)
-    expected = list(service.chunks(stream_request))
-    expected_short = list(service.chunks(short_request))
-    stream_timings: list[it.StreamTiming] = []
-    request_timings: list[it.StreamTiming] = []
-    outputs: list[bool] = []
-
-    async def timed(client: it.Client, request: it.GenerateRequest) -> it.StreamTiming:
-        # each on an idle connection: right after a stream the client's loop is still
-        # finishing it, and that work lands between a request's write and its "sent" stamp
-        await asyncio.sleep(IDLE_GAP_S)
-        timing = it.StreamTiming()
-        chunks = [chunk async for chunk in client.generate(request, timing=timing)]
-        outputs.append(chunks == (expected if request is stream_request else expected_short))
-        return timing
-
-    async def measure() -> None:
-        async with it.connect(transport, server.address, codec=codec) as client:
-            # untimed first: the connection is open, the server process past its cold start
-            # and the workload built, so what follows is a steady-state request's
-            for _ in range(WARMUP_STREAMS):
-                await timed(client, stream_request)
-            for _ in range(warmup_requests):
-                await timed(client, short_request)
-            outputs.clear()
-            stream_timings.extend([await timed(client, stream_request) for _ in range(streams)])
-            request_timings.extend([await timed(client, short_request) for _ in range(requests)])
-
-    benchmark.pedantic(lambda: stage_env.loop.run_until_complete(measure()), rounds=1)
+    cell = functools.partial(
+        measure,
+        transport,
+        server.address,
+        codec,
+        workload=workload,
+        streams=streams,
+        requests=requests,
+        warmup_requests=warmup_requests,
+    )
+    measured: Measured = benchmark.pedantic(
+        lambda: stage_env.loop.run_until_complete(cell()), rounds=1
+    )
     benchmark.group = "stages"
-    per_stream = [t.stages_ns() for t in stream_timings]
-    pooled = {name: np.concatenate([s[name] for s in per_stream]) for name in per_stream[0]}
-    per_request = [t.request_stages_ns() for t in request_timings]
-    whole = [len(r) == len(REQUEST_STAGES) for r in per_request]
-    request_samples = {
-        name: np.asarray([r[name] for r in per_request if r], dtype=np.float64)
-        for name in REQUEST_STAGES
-    }
+    pooled, request_samples = pooled_ns(measured)
+    whole = [len(t.request_stages_ns()) == len(REQUEST_STAGES) for t in measured.requests]
     stages_us, stages_p90_us = percentiles_us(pooled)
     request_us, request_p90_us = percentiles_us(request_samples)
     benchmark.extra_info.update(
@@ -180,7 +239,7 @@ def bench_stages(benchmark: Any, stage_env: _Env, transport: str, codec: str) ->
         op="stages",
         workload=workload,
         decode_ms=DECODE_MS,
-        chunks=len(expected),
+        chunks=measured.chunks,
         streams=streams,
         warmup_streams=WARMUP_STREAMS,
         pooled_chunks=len(pooled["serialize"]),
@@ -194,12 +253,14 @@ def bench_stages(benchmark: Any, stage_env: _Env, transport: str, codec: str) ->
         idle_gap_ms=IDLE_GAP_S * 1e3,
         request_stages_us=request_us,
         request_stages_p90_us=request_p90_us,
-        correct=all(outputs)
-        and len(outputs) == streams + requests
-        and all(len(t.server) == len(expected) for t in stream_timings)
+        correct=all(measured.outputs)
+        and len(measured.outputs) == streams + requests
+        and all(len(t.server) == measured.chunks for t in measured.streams)
         and all(whole),
     )
     assert benchmark.extra_info["correct"], f"{transport} {codec}: wrong stream or stamps"
+    negative = negative_stages(pooled) | negative_stages(request_samples)
+    assert not negative, f"{transport} {codec}: stages below zero (ns): {negative}"
 
 
 @pytest.mark.parametrize("pattern", ["stream", "request-per-token"])

@@ -509,6 +509,8 @@ class GrpcClient(Client):
             if timing.traceparent:
                 metadata = ((TRACEPARENT, timing.traceparent),)
         stream = self._reader(timing)
+        if timing is not None:
+            timing.request_write_ns = now_ns()  # grpc writes in the background, from here
         call = self._generate_bytes(message, timeout=self.deadline_s, metadata=metadata)
         if timing is not None:
             # grpc serializes and sends in the background: the call is started by now

@@ -268,6 +268,8 @@ class TcpClient(Client):
             raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
         reader, writer = await self._connection()
         with map_exceptions("tcp send"):
+            if timing is not None:
+                timing.request_write_ns = now_ns()
             _write(writer, _HEAD.pack(op, len(body)), body)
             await writer.drain()
             if timing is not None:

@@ -9,9 +9,20 @@ bytes arrived and when they were decoded.
 
 All stamps are ``time.monotonic_ns()``: CLOCK_MONOTONIC, one clock for every process of a
 host, so server and client stamps compare directly on one machine. Across two hosts they do
-not: there only the per-side stages (serialize, write, parse) are meaningful, and the network
-share must come from round-trip time (e.g. half the RTT measured by a ping on the same
-connection), not from subtracting stamps of two clocks.
+not: there only the per-side stages (serialize, parse) are meaningful, and the network share
+must come from round-trip time (e.g. half the RTT measured by a ping on the same connection),
+not from subtracting stamps of two clocks.
+
+**Causal order.** A network stage runs from the sender's stamp taken *before* its write call
+(the client's :attr:`StreamTiming.request_write_ns`, the server's "encoded") to the
+receiver's stamp taken *after* its read returned (the server's "received", the client's
+``received_ns``). The bytes cannot arrive before the write began, nor be read before they
+arrived, so on one host a network stage is never below zero, and the stages between
+consecutive stamps add up to the whole. The write call is part of the network stage: on
+loopback the kernel hands the bytes to the reader inside the writer's call, and the woken reader
+may run before the writer is back, so a stamp taken when the write *returned* is not in causal
+order with the reader's (the ``write`` of :meth:`StreamTiming.stages_ns` is kept, as the
+write call's own time, but is no stage of its own).
 """
 
 from __future__ import annotations
@@ -32,11 +43,11 @@ carries the raw bytes)."""
 MAX_CHUNKS: Final = 1 << 22
 REQUEST_STAGES: Final = (
     "client serialize",
+    "client dispatch",
     "network to server",
     "server parse",
     "service",
     "server serialize",
-    "write",
     "network back",
     "client parse",
 )
@@ -69,6 +80,11 @@ class StreamTiming:
     """When the server had the whole request, and when it had parsed it."""
     request_encoded_ns: int = 0
     """After the client encoded its request, before writing it."""
+    request_write_ns: int = 0
+    """Just before the client's write call of its request, its connection in hand and the
+    protocol's head built (gRPC: before the call is started, as grpc frames and writes in the
+    background): network to server starts here (0: a client that does not stamp it;
+    :attr:`request_encoded_ns` stands in)."""
     traceparent: str = ""
     """A W3C trace context to send with the request (``--trace``, :mod:`.tracing`)."""
     server_stamps: bool = True
@@ -94,31 +110,41 @@ class StreamTiming:
         self.server = rows[1:]
 
     def request_stages_ns(self) -> dict[str, int]:
-        """One request, from the client's encode to its first chunk decoded: ``client
-        serialize``, ``network to server``, ``server parse``, ``service`` (parsed to the first
-        chunk produced: prefill, on the simulated service), ``server serialize``, ``write``,
-        ``network back``, ``client parse``. Empty if a stamp is missing."""
+        """One request, from the client's encode to its first chunk decoded, between stamps in
+        causal order (see the module docstring): ``client serialize`` (start to encoded),
+        ``client dispatch`` (to just before the write call: the stream's reader set up, a
+        connection taken, with any wait for it, the protocol's request head built),
+        ``network to server`` (the write call to the server having read the whole request),
+        ``server parse``, ``service`` (parsed to the first chunk
+        produced: prefill, on the simulated service), ``server serialize``, ``network back``
+        (the server's write call to the client's read returned), ``client parse``. None is
+        below zero on one host. Empty if a stamp is missing."""
         received, parsed = self.server_request_ns
-        if not (self.request_start_ns and received and len(self.server) and self.decoded_ns):
+        encoded = self.request_encoded_ns
+        if not (self.request_start_ns and encoded and received and len(self.server)):
             return {}
-        produced, encoded, written = (int(v) for v in self.server[0])
+        if not self.decoded_ns:  # no chunk came
+            return {}
+        produced, server_encoded, _ = (int(v) for v in self.server[0])
         stamps = (
             self.request_start_ns,
-            self.request_sent_ns,
+            encoded,
+            self.request_write_ns or encoded,
             received,
             parsed,
             produced,
-            encoded,
-            written,
+            server_encoded,
             self.received_ns[0],
             self.decoded_ns[0],
         )
         return {name: stamps[i + 1] - stamps[i] for i, name in enumerate(REQUEST_STAGES)}
 
     def stages_ns(self) -> dict[str, np.ndarray]:
-        """Per chunk: ``serialize`` (server encode), ``write`` (until the write returned),
-        ``network`` (written to received, same host only), ``parse`` (client decode), and
-        ``queue`` (produced to encoded minus nothing: kept for symmetry, always the encode)."""
+        """Per chunk: ``serialize`` (server encode), ``network`` (encoded, before the server's
+        write call, to the client's read returned: the write call, the wire, the reader's
+        wake-up; same host only), ``parse`` (client decode), ``end_to_end`` (produced to
+        decoded: the three add up to it), and ``write`` (the server's write call, until it
+        returned: inside ``network``, no stage of its own)."""
         count = min(len(self.server), len(self.received_ns), len(self.decoded_ns))
         if count == 0:
             return {}
@@ -127,10 +153,10 @@ class StreamTiming:
         decoded = np.asarray(self.decoded_ns[:count], dtype=np.int64)
         return {
             "serialize": server[:, 1] - server[:, 0],
-            "write": server[:, 2] - server[:, 1],
-            "network": received - server[:, 2],
+            "network": received - server[:, 1],
             "parse": decoded - received,
             "end_to_end": decoded - server[:, 0],
+            "write": server[:, 2] - server[:, 1],
         }
 
 

@@ -14,9 +14,11 @@ else ``http://127.0.0.1:4318/v1/traces``. ``service.name`` is ``inferwire-server
 **Clocks.** The stamps are the transports' own (``time.monotonic_ns``, see
 :mod:`.timing`): spans are built from them after the fact, each converted to UNIX ns by one
 offset taken when the tracer opens (``time.time_ns() - time.monotonic_ns()``). Durations within
-a process are exact; between two processes of one host the offsets differ by the
-microsecond or so between the two calls (and any NTP slew since), which bounds what the derived
-network stages mean; across hosts, only each side's own stages do.
+a process are exact; between two processes of one host the offsets differ (by the time between
+the two calls, and by any step of the wall clock between the two processes' starts), so each
+root span also carries its start on the host's monotonic clock
+(:data:`MONOTONIC_START`), and the derived network stages subtract those: exact on one host,
+with no offset in them. Across hosts, only each side's own stages mean anything.
 
 **Context.** The client's ``generate`` span (kind CLIENT) is the parent of the server's
 (kind SERVER), carried as a W3C ``traceparent``: an HTTP/1.1 or HTTP/2 request header, gRPC
@@ -43,8 +45,18 @@ last byte written) with children, in order:
 
 Client (``inferwire-load``, or any process that opens a tracer), ``generate`` (CLIENT, from
 before the request is built to the stream's end, its end marker read and checked) with
-``client serialize`` (the request encoded), ``send`` (-> written), ``client parse`` (the first
-chunk's bytes received -> decoded).
+``client serialize`` (the request encoded), ``send`` (the write call: from just before it, the
+connection in hand, to its return), ``client parse`` (the first chunk's bytes received ->
+decoded).
+
+**The network stages** are derived by ``inferwire trace report`` from stamps in causal order
+(:mod:`.timing`): *network to server* from the start of ``send`` (before the client's write
+call) to the server span's start (the server had read the whole request), *network back* from
+the start of ``write`` (before the server's write call) to the first chunk received (the
+client's read returned). The bytes cannot arrive before the write began, so on one host
+neither is below zero. ``send`` and ``write`` lie inside them: a write call's return is not in
+causal order with the peer's read (the woken reader may run before the writer is back), so
+those two spans are shown as the calls they are, not as stages that add up.
 
 The server's root span also carries vLLM's latency attributes (``vllm/tracing.py``'s
 ``SpanAttributes``, seconds, as vLLM sets them on its request span), from the request's stamps
@@ -57,7 +69,8 @@ last token), with ``gen_ai.response.model`` and, on the OpenAI API, ``gen_ai.req
 response's ``id``).
 
 Root attributes: ``inferwire.transport``, ``inferwire.codec``, ``inferwire.workload``,
-``inferwire.chunks``, ``inferwire.outcome`` (``ok``, ``cancelled``, ``error``), and per chunk
+``inferwire.chunks``, ``inferwire.outcome`` (``ok``, ``cancelled``, ``error``),
+``inferwire.monotonic_start_ns`` (see *Clocks*), and per chunk
 (at most :data:`MAX_TRACED_CHUNKS`, in stream order; each a string of comma-separated decimal
 integers, ns, not an OTel integer array: the SDK checks and the OTLP encoder builds an object
 for every element of an array, and three arrays of 64 cost some 470 us a span to record and
@@ -66,8 +79,8 @@ encode where three strings cost 90 us): on the server,
 ``inferwire.chunk.write_ns``; on the client, ``inferwire.chunk.received_ns`` (offset from the
 span's start) and ``inferwire.chunk.parse_ns``. ``inferwire trace report`` joins the two by
 trace id and chunk index: per token, compute (the previous chunk written to this one
-produced), server serialize, write, network (written to received) and client parse
-(:mod:`inferwire.observe.traces.stages`).
+produced), server serialize, network (encoded, before the write call, to received) and client
+parse (:mod:`inferwire.observe.traces.stages`).
 """
 
 from __future__ import annotations
@@ -93,6 +106,9 @@ CLIENT_SERVICE: Final = "inferwire-load"
 MAX_TRACED_CHUNKS: Final = 4096
 """Most chunks whose stamps one span carries (a 4096-element array is some 20 KB of OTLP)."""
 ROOT: Final = "generate"
+MONOTONIC_START: Final = "inferwire.monotonic_start_ns"
+"""A root span's attribute: its start on the host's CLOCK_MONOTONIC (ns), for stages derived
+across two processes of one host without their UNIX offsets."""
 SERVER_STAGES: Final = ("server parse", "queue", "compute", "server serialize", "write")
 CLIENT_STAGES: Final = ("client serialize", "send", "client parse")
 GEN_AI_LATENCY: Final = {
@@ -217,6 +233,7 @@ class Tracer:
             "inferwire.workload": trace.workload,
             "inferwire.chunks": len(stamps.rows),
             "inferwire.outcome": trace.outcome,
+            MONOTONIC_START: received,
         }
         if rows:
             attributes["inferwire.chunk.produced_ns"] = _packed(p - received for p, _, _ in rows)
@@ -254,7 +271,11 @@ class Tracer:
             ROOT,
             kind=self._trace.SpanKind.CLIENT,
             start_time=self.unix_ns(start_ns),
-            attributes={**self.attributes, "inferwire.workload": workload},
+            attributes={
+                **self.attributes,
+                "inferwire.workload": workload,
+                MONOTONIC_START: start_ns,
+            },
         )
         context = root.get_span_context()
         traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-01"
@@ -274,10 +295,10 @@ class Tracer:
             root.set_attribute("inferwire.chunk.received_ns", _packed(r - start for r in received))
             root.set_attribute("inferwire.chunk.parse_ns", _packed(d - r for r, d in parse))
         encoded = timing.request_encoded_ns
+        self._stages(root, CLIENT_STAGES[:1], (start, encoded))
+        # the write call: inside "network to server", which starts where it starts
         self._stages(
-            root,
-            CLIENT_STAGES[:2],
-            (start, encoded, timing.request_sent_ns),
+            root, CLIENT_STAGES[1:2], (timing.request_write_ns or encoded, timing.request_sent_ns)
         )
         if received:
             self._stages(root, CLIENT_STAGES[2:], (received[0], decoded[0]))

@@ -1,6 +1,15 @@
 """The report's per-stage section, from ``raw/stages.json``: where a streamed token's time
 goes, a request's path to its first token (P50 and P90 over many chunks and requests), and
-what the network adds (a paired share); and their stacked-bar plots (of the P50s)."""
+what the network adds (a paired share); and their stacked-bar plots (of the P50s).
+
+Every stage is a difference of two stamps in causal order on one host's monotonic clock
+(:mod:`inferwire.transports.timing`), so none is below zero. A cell below zero in the raw data
+is printed flagged, never as a plain duration, with a line under its table that names it: a
+fault of that run (its stamps, or two clocks), which the benchmark itself fails on. Flagged,
+not refused: the report is built from every suite's file, and one bad cell should neither
+stop the rest of it nor pass unseen (as a wrong round trip is a "**no**" in its table). Records
+of the older definitions (the network stages from a write call's return, which could read below
+zero) are left out, with a line saying so: their stages are not these."""
 
 from __future__ import annotations
 
@@ -13,7 +22,11 @@ from . import spread
 from .results import STAGES_RAW, records
 from .tables import table
 
-STAGE_NAMES = ("serialize", "write", "network", "parse")
+STAGE_NAMES = ("serialize", "network", "parse")
+"""A chunk's stages: they add up to its produced-to-decoded time."""
+CAUSAL_STAGE = "client dispatch"
+"""A record has this request stage when its stages are the causal ones (every network stage
+from before the sender's write call); a record without it is of the older definitions."""
 
 
 def chunk_share(r: dict[str, Any], name: str) -> float:
@@ -54,10 +67,41 @@ def _pct(value: float) -> str:
 
 
 def _p50_p90(r: dict[str, Any], key: str, name: str) -> str:
-    """``P50 / P90`` in microseconds (a run without P90s prints the P50 alone)."""
+    """``P50 / P90`` in microseconds (a run without P90s prints the P50 alone); flagged if
+    either is below zero (see the module docstring)."""
+    p50 = r[key][name]
     p90 = r.get(key.replace("_us", "_p90_us"), {}).get(name)
-    text = _us(r[key][name])
-    return text if p90 is None else f"{text} / {_us(p90)}"
+    text = _us(p50) if p90 is None else f"{_us(p50)} / {_us(p90)}"
+    if p50 < 0 or (p90 is not None and p90 < 0):
+        return f"**below zero: {text}**"
+    return text
+
+
+def causal(r: dict[str, Any]) -> bool:
+    """Whether a stages record's stages are the causal ones (:data:`CAUSAL_STAGE`)."""
+    return CAUSAL_STAGE in r.get("request_stages_us", {})
+
+
+def below_zero(results: list[dict[str, Any]], key: str, names: tuple[str, ...]) -> list[str]:
+    """``transport/codec stage`` of each cell whose P50 or P90 is below zero, in table order."""
+    p90_key = key.replace("_us", "_p90_us")
+    return [
+        f"`{r['transport']}`/`{r['codec']}` {name}"
+        for r in results
+        for name in names
+        if min(r[key].get(name, 0.0), r.get(p90_key, {}).get(name, 0.0)) < 0
+    ]
+
+
+def _below_zero_note(cells: list[str]) -> list[str]:
+    if not cells:
+        return []
+    return [
+        "",
+        f"**Below zero, so not a duration:** {', '.join(cells)}. Each stage is a difference of "
+        "two stamps in causal order on one clock, so this run's stamps are at fault (or its "
+        "processes did not share a clock): re-run `bench_stages` before reading these rows.",
+    ]
 
 
 def _share(r: dict[str, Any]) -> str:
@@ -74,7 +118,9 @@ def section(raw_dir: Path) -> str:
     results = records(raw_dir / STAGES_RAW)
     if not results:
         return ""
-    stages = [r for r in results if r["op"] == "stages"]
+    every_stage = [r for r in results if r["op"] == "stages"]
+    stages = [r for r in every_stage if causal(r)]
+    older = len(every_stage) - len(stages)
     stage_rows = [
         [f"`{r['transport']}`", f"`{r['codec']}`"]
         + [_p50_p90(r, "stages_us", name) for name in (*STAGE_NAMES, "end_to_end")]
@@ -114,14 +160,18 @@ def section(raw_dir: Path) -> str:
             f"paced at {first.get('decode_ms', '?')} ms per token so the reader keeps up, their "
             f"chunks pooled ({pooled} chunks a cell). Each cell is *P50 / P90* in microseconds "
             "over those chunks, from the server's stamps and the client's (one host, one "
-            "monotonic clock): *serialize* (server encode), *write* (until the socket write "
-            "returned), *network* (written to bytes received, loopback and the reader's "
-            "wake-up), *parse* (client decode), *produced to decoded*. *serialize + parse "
-            "share*: the median over the chunks of each chunk's own share. gRPC reports a "
-            "message as written only when it asks for the next one, so for gRPC read *write + "
-            "network* together. On two hosts the clocks differ: only the per-side stages "
-            "(serialize, write, parse) carry over, and the network share must come from the "
-            "round-trip time instead.",
+            "monotonic clock): *serialize* (server encode), *network* (from just before the "
+            "server's write call to the client's read returned: the write call, loopback and "
+            "the reader's wake-up), *parse* (client decode), *produced to decoded* (the three "
+            "add up to it). *serialize + parse share*: the median over the chunks of each "
+            "chunk's own share. A network stage starts before the write call and ends after "
+            "the read: stamped in causal order, it cannot read below zero (a stamp taken when "
+            "the write returned could, when the woken reader runs before the writer is back). "
+            "HTTP/2's framing and any flow-control wait, and gRPC's own framing and sending "
+            "(in the background), are in *network* too. On two hosts the clocks differ: only "
+            "the per-side stages (serialize, parse) carry over, and the network share must come "
+            "from the round-trip time instead.",
+            *_older_note(older),
             "",
             "![stages](plots/stages.png)",
             "",
@@ -135,6 +185,7 @@ def section(raw_dir: Path) -> str:
                 ],
                 stage_rows,
             ),
+            *_below_zero_note(below_zero(stages, "stages_us", (*STAGE_NAMES, "end_to_end"))),
             "",
             "### One request, to its first token",
             "",
@@ -144,19 +195,21 @@ def section(raw_dir: Path) -> str:
             f"{first.get('idle_gap_ms', 0):g} ms after the previous one ended (an idle "
             "connection), the request's own path to its first chunk as *P50 / P90* in "
             "microseconds over those requests (*total*: the sum of the P50s). The client "
-            "encodes and writes the request, the server has it whole and parses it, the "
-            "service produces the first chunk (no prefill here), "
-            "and that chunk goes back. Times on one host and one monotonic clock. Each side "
-            "stamps a write once it returned: when the woken reader runs before the writer is "
-            "back (two busy cores), the time moves from the network stage into the stage "
-            "before it (*client serialize*, *write*), and the network stage can read negative; "
-            "read each write and its network stage together. gRPC serializes and sends in the "
-            "background, so for gRPC *client serialize* is only building the message and "
-            "*network to server* includes the rest.",
+            "encodes the request (*client serialize*), gets it to its write call (*client "
+            "dispatch*: the stream's reader set up, the connection taken, the protocol's "
+            "request head built), the server reads it whole and parses it, the service "
+            "produces the first chunk (no prefill here), the server encodes it, and it goes "
+            "back. Times on one host and one monotonic clock; each stage ends where the next "
+            "begins, so they add up. Each network stage runs from a stamp taken just before "
+            "the sender's write call to one taken after the receiver's read returned, so the "
+            "write call is part of it and it cannot read below zero. For gRPC, which frames "
+            "and sends in the background, *network to server* includes grpc's serialization "
+            "of the request.",
             "",
             "![request stages](plots/request_stages.png)",
             "",
             table(["transport", "codec", *REQUEST_STAGES, "total"], request_rows),
+            *_below_zero_note(below_zero(stages, "request_stages_us", REQUEST_STAGES)),
             "",
             "### What the network adds (WAN-delay proxy)",
             "",
@@ -176,6 +229,17 @@ def section(raw_dir: Path) -> str:
         ]
     )
     return text
+
+
+def _older_note(count: int) -> list[str]:
+    if not count:
+        return []
+    return [
+        "",
+        f"{count} {'cell' if count == 1 else 'cells'} of an older run left out: its network "
+        "stages ran from a write call's return, which could read below zero; re-run "
+        "`bench_stages` for them.",
+    ]
 
 
 def _stacked(
@@ -206,7 +270,7 @@ def _stacked(
 
 def plot(raw_dir: Path, out_dir: Path) -> list[Path]:
     """Stacked bars per transport x codec: a chunk's stages, and a request's (PNG)."""
-    results = [r for r in records(raw_dir / STAGES_RAW) if r["op"] == "stages"]
+    results = [r for r in records(raw_dir / STAGES_RAW) if r["op"] == "stages" and causal(r)]
     if not results:
         return []
     paths = [

@@ -5,8 +5,8 @@ One panel each. The top row is the whole (the sum of the stages' means); the mid
 it by who spends it (client, network, server, in the order the request meets them); the bottom
 row by stage. Widths are the stages' means, so the rows add up, and each box is labelled with
 its stage and its mean where it is wide enough (the table has the percentiles). A stage whose
-mean is below zero (a derived network stage, when the server's write call returned after the
-client already had the bytes) is drawn with no width.
+mean is below zero (a derived network stage of spans not on one clock, see :mod:`.stages`; the
+table marks it) is drawn with no width.
 """
 
 from __future__ import annotations

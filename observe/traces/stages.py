@@ -4,19 +4,29 @@ Spans are joined by trace id: a trace's client ``generate`` span (kind CLIENT) a
 (kind SERVER), each with its stage spans as children (the names and attributes of
 :mod:`inferwire.transports.tracing`). A trace with one side only counts for that side's stages.
 
-**A request**, to its first token, in the order it meets them: ``client serialize``, ``send``,
-``network to server`` (derived: the server span's start - the end of ``send``), ``server
-parse``, ``queue``, ``compute``, ``server serialize``, ``write``, ``network back`` (derived: the
-first chunk received by the client - written by the server), ``client parse``. The two network
-stages subtract stamps of two processes: meaningful on one host (one clock, converted to UNIX
-time by each process's own offset, see the tracing module), not across hosts. "Written" is when
-the server's write call returned, so on loopback, with the client on another core, the client
-may have the bytes first: ``network back`` can be a little below zero.
+**A request**, to its first token, in the order it meets them: ``client serialize``,
+``client dispatch`` (derived: encoded -> the start of ``send``, just before the write call: a
+connection taken, with any wait for it, and the protocol's request head built), ``network to
+server`` (derived: the start of ``send`` -> the server span's start, the request read whole),
+``server parse``, ``queue``, ``compute``, ``server serialize``, ``network back`` (derived: the
+start of the server's ``write``, just before its write call -> the first chunk received, the
+client's read returned), ``client parse``. Each stage ends where the next begins, so they add up
+to the start of ``client serialize`` -> the first chunk decoded.
+
+The network stages run from a stamp the sender took *before* its write call to one the receiver
+took *after* its read returned: in causal order, so on one host they are never below zero. The
+``send`` and ``write`` spans (the write calls, until they returned) lie inside them and are no
+stages here: a write call's return is not in causal order with the peer's read (the woken
+reader may run first). The network stages subtract stamps of two processes: on the host's one
+monotonic clock where both root spans carry it (``inferwire.monotonic_start_ns``, see the
+tracing module), else their UNIX times, each converted by its process's own offset (off by
+that offsets' difference); across hosts they mean nothing (:func:`text` marks a median below
+zero).
 
 **A token**, every chunk after the first (one token each on the paced simulated service):
 ``compute`` (the previous chunk written, or encoded when both left in one write, to this one
-produced), ``server serialize``, ``write``, ``network`` (written to received), ``client
-parse``.
+produced), ``server serialize``, ``network`` (encoded, before the write call, to received:
+the write call is in it), ``client parse``.
 
 Each stage: median, P90, P99 (nearest rank), ``share`` (its mean over the sum of the stages'
 means: the shares add up to 100 %, as the stages add up to the whole) and the count of values.
@@ -31,36 +41,42 @@ from typing import Final
 
 import numpy as np
 
+from inferwire.transports.tracing import MONOTONIC_START
+
 from .otlp_json import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, Span
 
 ROOT: Final = "generate"
 REQUEST_STAGES: Final = (
     "client serialize",
-    "send",
+    "client dispatch",
     "network to server",
     "server parse",
     "queue",
     "compute",
     "server serialize",
-    "write",
     "network back",
     "client parse",
 )
-TOKEN_STAGES: Final = ("compute", "server serialize", "write", "network", "client parse")
+TOKEN_STAGES: Final = ("compute", "server serialize", "network", "client parse")
+DERIVED: Final = ("client dispatch", "network to server", "network back", "network")
+"""The stages computed from two spans' stamps; the rest are spans of their own."""
 SIDE: Final = {
     "client serialize": "client",
-    "send": "client",
+    "client dispatch": "client",
     "network to server": "network",
     "network": "network",
     "server parse": "server",
     "queue": "server",
     "compute": "server",
     "server serialize": "server",
-    "write": "server",
     "network back": "network",
     "client parse": "client",
 }
 """Which process (or the wire between them) a stage belongs to: the icicle's middle row."""
+NEGATIVE_NOTE: Final = (
+    "A median below zero is no duration: its stamps were not on one clock (spans of two hosts, "
+    "or roots without inferwire.monotonic_start_ns) or not in causal order."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,20 +182,49 @@ def _ints(span: Span | None, name: str) -> list[int]:
     return []
 
 
+def _monotonic(client: Span, server: Span) -> tuple[int, int]:
+    """What turns each side's UNIX span times back into the host's monotonic clock: exact
+    across the two processes where both roots carry :data:`MONOTONIC_START`; else (0, 0), the
+    UNIX times as they are."""
+    client_start = client.attributes.get(MONOTONIC_START)
+    server_start = server.attributes.get(MONOTONIC_START)
+    if isinstance(client_start, int) and isinstance(server_start, int):
+        return client_start - client.start_ns, server_start - server.start_ns
+    return 0, 0
+
+
 def _request_stages(
     trace: list[Span], client: Span | None, server: Span | None, out: dict[str, list[int]]
 ) -> None:
     stages = {**_children(trace, client), **_children(trace, server)}
     for name, span in stages.items():
-        if name in SIDE and name not in ("network to server", "network back"):
+        if name in SIDE and name not in DERIVED:
             out[name].append(span.duration_ns)
-    send = stages.get("send")
-    if send is not None and server is not None:
-        out["network to server"].append(server.start_ns - send.end_ns)
-    write = stages.get("write")
+    serialize, send = stages.get("client serialize"), stages.get("send")
+    if serialize is not None and send is not None:
+        out["client dispatch"].append(send.start_ns - serialize.end_ns)
+    if client is None or server is None:
+        return
+    client_clock, server_clock = _monotonic(client, server)
+    before_send = _before_write(stages, "send", "client serialize")
+    if before_send is not None:
+        out["network to server"].append(
+            (server.start_ns + server_clock) - (before_send + client_clock)
+        )
+    before_write = _before_write(stages, "write", "server serialize")
     received = _ints(client, "inferwire.chunk.received_ns")
-    if write is not None and client is not None and received:
-        out["network back"].append(client.start_ns + received[0] - write.end_ns)
+    if before_write is not None and received:
+        out["network back"].append(
+            (client.start_ns + received[0] + client_clock) - (before_write + server_clock)
+        )
+
+
+def _before_write(stages: dict[str, Span], call: str, encode: str) -> int | None:
+    """Just before a side's write call: where the span of the call starts, else (none) where
+    the encode before it ended; None without either."""
+    if call in stages:
+        return stages[call].start_ns
+    return stages[encode].end_ns if encode in stages else None
 
 
 def _token_stages(client: Span | None, server: Span | None, out: dict[str, list[int]]) -> None:
@@ -195,14 +240,16 @@ def _token_stages(client: Span | None, server: Span | None, out: dict[str, list[
         previous = written[i - 1] if produced[i] >= written[i - 1] else encoded[i - 1]
         out["compute"].append(produced[i] - previous)
         out["server serialize"].append(serialize[i])
-        out["write"].append(write[i])
     received = _ints(client, "inferwire.chunk.received_ns")
     parse = _ints(client, "inferwire.chunk.parse_ns")
     for i in range(1, min(len(received), len(parse))):
         out["client parse"].append(parse[i])
     if client is not None and server is not None:
+        client_clock, server_clock = _monotonic(client, server)
+        client_start = client.start_ns + client_clock
+        server_start = server.start_ns + server_clock
         for i in range(1, min(count, len(received))):
-            out["network"].append((client.start_ns + received[i]) - (server.start_ns + written[i]))
+            out["network"].append((client_start + received[i]) - (server_start + encoded[i]))
 
 
 def text(result: Breakdown) -> str:
@@ -226,7 +273,10 @@ def text(result: Breakdown) -> str:
             lines.append(
                 f"  {row.stage:<20}{row.median_ns / 1e6:>11.3f}{row.p90_ns / 1e6:>10.3f}"
                 f"{row.p99_ns / 1e6:>10.3f}{row.share:>8.1%}{row.count:>9}"
+                + ("  < 0: not a duration" if row.median_ns < 0 else "")
             )
         total = sum(row.mean_ns for row in rows)
         lines.append(f"  {'sum of the means':<20}{total / 1e6:>11.3f}")
+    if any(row.median_ns < 0 for row in (*result.request, *result.token)):
+        lines += ["", NEGATIVE_NOTE]
     return "\n".join(lines)

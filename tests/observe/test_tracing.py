@@ -24,6 +24,7 @@ import pytest
 import inferwire.transports as it
 from inferwire.cli.main import main as cli
 from inferwire.observe.traces import otlp_json
+from inferwire.observe.traces import stages as trace_stages
 from inferwire.observe.traces.collector import Collector
 from inferwire.observe.traces.otlp_json import SPAN_KIND_CLIENT, SPAN_KIND_SERVER, Span
 from inferwire.transports import server_process
@@ -121,11 +122,13 @@ def test_a_request_is_one_trace_across_client_and_server(
         client_stages, server_stages = _children(spans, client), _children(spans, server)
         assert set(client_stages) == set(CLIENT_STAGES)
         assert set(server_stages) == set(SERVER_STAGES)
-        # in order within each process, each stage ending where the next begins
-        for stages, names in ((client_stages, CLIENT_STAGES[:2]), (server_stages, SERVER_STAGES)):
+        # in order within each process, each stage ending where the next begins; the client's
+        # send (its write call) starts where its dispatch ended, at or after its encode
+        for stages, names in ((client_stages, CLIENT_STAGES[:1]), (server_stages, SERVER_STAGES)):
             ordered = [stages[name] for name in names]
             assert all(s.start_ns <= s.end_ns for s in ordered)
             assert all(a.end_ns == b.start_ns for a, b in itertools.pairwise(ordered))
+        assert client_stages["client serialize"].end_ns <= client_stages["send"].start_ns
         assert client.start_ns <= client_stages["client serialize"].start_ns
         assert client_stages["client parse"].end_ns <= client.end_ns
         assert server.start_ns == server_stages["server parse"].start_ns
@@ -140,6 +143,10 @@ def test_a_request_is_one_trace_across_client_and_server(
         received = _ints(client.attributes["inferwire.chunk.received_ns"])
         assert received == sorted(received)
         assert len(received) == chunks
+    # the derived stages, on the roots' monotonic starts: none below zero
+    result = trace_stages.breakdown(spans)
+    assert {row.stage for row in result.request} == set(trace_stages.REQUEST_STAGES)
+    assert [row.stage for row in (*result.request, *result.token) if row.median_ns < 0] == []
 
 
 def test_load_traces_its_requests_and_the_spawned_server(

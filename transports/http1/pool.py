@@ -299,7 +299,8 @@ class HttpPool:
         """Send a request and read up to the end of the response's headers. ``headers`` are
         extra header lines (``"name: value\\r\\n"`` each). ``timing``, when given, is stamped:
         connection in hand (``acquired_ns``, and ``connect_ns`` if one was opened for it),
-        request written (``request_sent_ns``), head arrived (``head_ns``)."""
+        before the write call (``request_write_ns``), request written (``request_sent_ns``),
+        head arrived (``head_ns``)."""
         conn = await self._acquire(timing)
         if timing is not None:
             timing.acquired_ns = now_ns()
@@ -310,6 +311,8 @@ class HttpPool:
                 f"content-type: {content_type}\r\n{accepts}content-length: {len(body)}\r\n"
                 f"{self._end}{headers}\r\n"
             ).encode("latin-1")
+            if timing is not None:
+                timing.request_write_ns = now_ns()
             if len(body) <= _ONE_WRITE_BYTES:
                 conn.writer.write(head + body)
             else:

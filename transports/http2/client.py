@@ -275,7 +275,12 @@ class Http2Client(Client):
             return protocol
 
     async def _open(
-        self, path: str, content_type: str, accept: str, body: bytes, traceparent: str = ""
+        self,
+        path: str,
+        content_type: str,
+        accept: str,
+        body: bytes,
+        timing: StreamTiming | None = None,
     ) -> tuple[ClientProtocol, int, _ClientStream]:
         if len(body) > self.limits.max_message_bytes:
             raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
@@ -302,13 +307,15 @@ class Http2Client(Client):
             (b"accept", accept.encode()),
             (b"content-length", str(len(body)).encode()),
         ]
-        if traceparent:
-            headers.append((TRACEPARENT.encode(), traceparent.encode()))
+        if timing is not None and timing.traceparent:
+            headers.append((TRACEPARENT.encode(), timing.traceparent.encode()))
         writer = protocol.writer
         assert writer is not None
         with map_exceptions("http2", _SEND_ERRORS):
             try:
-                conn.send_headers(stream_id, headers)
+                conn.send_headers(stream_id, headers)  # framed, not yet written
+                if timing is not None:
+                    timing.request_write_ns = now_ns()
                 await protocol.flow.send(conn, protocol.flush, writer, stream_id, body, True)
             except h2.exceptions.StreamClosedError:
                 # the server answered (and closed the stream) before taking the whole body, as
@@ -375,11 +382,8 @@ class Http2Client(Client):
     ) -> tuple[ClientProtocol, int, _ClientStream, int]:
         """Open a stream and read its response headers; a stream the server's GOAWAY says it
         never processed is sent once more, on a new connection (RFC 9113 6.8)."""
-        traceparent = timing.traceparent if timing is not None else ""
         for attempt in (1, 2):
-            protocol, stream_id, stream = await self._open(
-                path, content_type, accept, body, traceparent
-            )
+            protocol, stream_id, stream = await self._open(path, content_type, accept, body, timing)
             if timing is not None:
                 timing.request_sent_ns = now_ns()
             try:
