@@ -10,7 +10,7 @@ from typing import Final
 
 from inferwire import workloads
 
-from . import spread
+from . import codecs_plot, figures, flatbuffers_encode, spread
 from .instructions import per_chunk_cell
 from .results import Result
 from .tables import table as _table
@@ -33,7 +33,6 @@ PROTOBUF_UPB = "protobuf (upb)"
 VARIANTS: Final = (FLATBUFFERS_BUILDER, PROTOBUF_UPB)
 """Codecs timed on their reference path beside their default (bench/measure/codec_ops.py): rows
 of the codec tables, never an answer or a whole-stream row of their own."""
-FLATBUFFERS_ENCODE_TARGET = 1.0
 
 
 def _us(seconds: float) -> str:
@@ -95,7 +94,7 @@ def codec_tables(
     empty."""
     by_key = {(r.codec, r.workload, r.op): r for r in results}
     counted = instructions or {}
-    out = [INTRO, ""]
+    out = [INTRO, "", *figures.link(codecs_plot.plot_data(results))]
     if any(r.codec == FLATBUFFERS_BUILDER for r in results):
         out += [
             f"`{FLATBUFFERS_BUILDER}`: the same bytes as `flatbuffers`, written by the official "
@@ -280,49 +279,9 @@ def target_rows(results: list[Result]) -> list[list[str]]:
                     "met" if ratio <= DELTA_TIME_TARGET else "**missed**",
                 ]
             )
-    rows += _flatbuffers_encode_target(by_key)
+    rows += flatbuffers_encode.target_rows(results)
     rows += _delta_float32_target(by_key)
     rows += _wrapper_target(results)
-    return rows
-
-
-def _flatbuffers_encode_target(by_key: dict[tuple[str, str, str], Result]) -> list[list[str]]:
-    """FlatBuffers encode (compiled) against protobuf's, and the tensor codec's for tensor
-    messages: ``bench_flatbuffers_encode``'s paired ratios, flatbuffers / the other codec."""
-    rows = []
-    for (codec, workload, op), r in by_key.items():
-        if codec != "flatbuffers" or not op.startswith("encode-vs-") or r.paired_ratio is None:
-            continue
-        baseline = op.removeprefix("encode-vs-")
-        per = "per chunk" if r.messages > 1 else "per message"
-        compiled = " (its chunks compiled too)" if r.paired_ratio_upb is not None else ""
-        targets = [
-            (
-                f"`flatbuffers` encode <= `{baseline}` encode{compiled}, {per} (`{workload}`)",
-                f"{_us(r.median_s / r.messages)} {per}; paired ratio flatbuffers / {baseline}",
-                "paired_ratio",
-                r.paired_ratio,
-            )
-        ]
-        if r.paired_ratio_upb is not None:
-            targets.append(
-                (
-                    f"`flatbuffers` encode <= `{PROTOBUF_UPB}` encode, {per} (`{workload}`)",
-                    f"paired ratio flatbuffers / {PROTOBUF_UPB}, in the same rounds",
-                    "paired_ratio_upb",
-                    r.paired_ratio_upb,
-                )
-            )
-        rows += [
-            [
-                target,
-                measured,
-                r.cell(field, _ratio),
-                f"<= {FLATBUFFERS_ENCODE_TARGET:.0f}x",
-                "met" if ratio <= FLATBUFFERS_ENCODE_TARGET else "**missed**",
-            ]
-            for target, measured, field, ratio in targets
-        ]
     return rows
 
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import spread
+from . import figures, load_plot, spread
 from .results import LOAD_RAW, infos
 from .tables import table as _table
 
@@ -70,6 +70,7 @@ def section(raw_dir: Path) -> str:
     if runs:
         first = runs[0]
         slo = first["slo"]
+        picture = load_plot.plot_data(runs)
         parts += [
             f"`inferwire load`: Poisson arrivals at {first['rate_rps']:g} requests/s for "
             f"{first['duration_s']:.0f} s, `{first['workload']}`, codec `{first['codec']}`, the "
@@ -80,6 +81,8 @@ def section(raw_dir: Path) -> str:
             f"n); goodput: requests/s meeting TTFT <= {slo['ttft_ms']} ms and TPOT <= "
             f"{slo['tpot_ms']} ms. CPU: seconds per 1,000 output tokens.",
             "",
+            *figures.link(picture),
+            *load_plot.caption(picture),
             _table(
                 [
                     "transport",
@@ -244,17 +247,17 @@ def _loops(by_loop: list[dict[str, Any]]) -> list[str]:
         return []
     rows = []
     for info in by_loop:
-        for loop, figures in info["loops"].items():
-            lag = figures["send_lag_ms"]
+        for loop, loop_figures in info["loops"].items():
+            lag = loop_figures["send_lag_ms"]
             rows.append(
                 [
                     loop,
                     f"{info['rate_rps']:,.0f}",
-                    f"{figures['achieved_rps']:,.0f}",
+                    f"{loop_figures['achieved_rps']:,.0f}",
                     f"{lag['p50_ms']:.2f} ms",
                     f"{lag['p99_ms']:.2f} ms",
-                    f"{figures['client_cpu_us_per_request']:.0f}",
-                    f"{figures['client_cpu_share']:.0%}",
+                    f"{loop_figures['client_cpu_us_per_request']:.0f}",
+                    f"{loop_figures['client_cpu_share']:.0%}",
                     " / ".join(f"{v:.2f}" for v in info["trial_p99_lag_ms"][loop]),
                     spread.cell(
                         info,

@@ -6,15 +6,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from . import spread
+from . import figures, spread
+from .figures import Panel, Plot, Series
 from .results import PEERS_RAW
 from .tables import table as _table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 GROUP: Final = "peers"
 """The ``benchmark.group`` of bench_peers.py's results."""
 PEER_TARGET = 1.5
+PLOT_NAME: Final = "peers"
+OURS: Final = "ours"
+PEER: Final = "what users deploy"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,6 +151,7 @@ def section(raw_dir: Path) -> str:
             "so its tokens arrive in bursts (see its P99 gap and TPOT); ours write every chunk "
             "that is due at once, so a paced stream is not delayed.",
             "",
+            *figures.link(plot_data(table)),
             _table(
                 [
                     "server",
@@ -174,3 +182,65 @@ def section(raw_dir: Path) -> str:
             "",
         ]
     )
+
+
+def plot_data(table: list[Row]) -> Plot | None:
+    """Tokens per server CPU-second of each server, ours and the peers, in the table's order
+    (None without any)."""
+    if not table:
+        return None
+    series = tuple(
+        Series(
+            label=f"{r.server} ({r.protocol})",
+            kind=OURS if r.baseline is None else PEER,
+            x=(r.server,),
+            y=(r.tokens_per_server_cpu_s,),
+        )
+        for r in table
+    )
+    return Plot(
+        name=PLOT_NAME,
+        title="Output tokens per CPU-second of the server process",
+        alt="tokens per server CPU-second, our servers beside the servers users deploy",
+        x_label="output tokens per server CPU-second (more is better)",
+        y_label="server (protocol)",
+        panels=(Panel(title="", series=series),),
+    )
+
+
+def _draw(figure: Figure, plot: Plot) -> None:
+    figure.set_layout_engine("constrained")
+    ax = figure.subplots()
+    (panel,) = plot.panels
+    kinds = list(dict.fromkeys(s.kind for s in panel.series))
+    labelled: set[str] = set()
+    for position, series in enumerate(panel.series):
+        index = kinds.index(series.kind)
+        bars = ax.barh(
+            [position],
+            series.y,
+            0.6,
+            label=series.kind if series.kind not in labelled else None,
+            color=figures.style(index)[0],
+            hatch="" if index == 0 else "//",
+            edgecolor="white",
+        )
+        labelled.add(series.kind)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" for v in series.y], fontsize=8, padding=3)
+    ax.set_yticks(range(len(panel.series)), [s.label for s in panel.series])
+    ax.invert_yaxis()  # the table's order, top down
+    ax.set_xlim(0, max(y for s in panel.series for y in s.y) * 1.25)  # room for the labels
+    ax.xaxis.set_major_formatter(lambda v, _: figures.short_number(v))
+    ax.set_xlabel(plot.x_label)
+    ax.grid(axis="y", visible=False)
+    ax.legend(loc="best", frameon=False)
+
+
+def plot(raw_dir: Path, out_dir: Path) -> list[Path]:
+    """``plots/peers.png`` and its data (nothing without peers results)."""
+    path = raw_dir / PEERS_RAW
+    data = plot_data(rows(path)) if path.exists() else None
+    if data is None:
+        return []
+    servers = len(data.panels[0].series)
+    return figures.save(out_dir, data, _draw, (7.5, 1.4 + 0.45 * servers))

@@ -20,11 +20,13 @@ from . import (
     engine,
     engine_attribution,
     faults,
+    flatbuffers_encode,
     grpc,
     instructions,
     load,
     machine,
     peers,
+    plots,
     reproducibility,
     serving,
     stages,
@@ -84,6 +86,7 @@ def render(
                 codecs.target_rows(results) + (transport_targets or []),
             ),
             "",
+            *_paragraph(flatbuffers_encode.finding(results)),
             "## Codecs",
             "",
             codec_tables or codecs.codec_tables(results),
@@ -116,6 +119,10 @@ def render(
     )
 
 
+def _paragraph(text: str) -> list[str]:
+    return [text, ""] if text else []
+
+
 def _results(raw_dir: Path) -> list[Result]:
     path = raw_dir / CODECS_RAW
     return codec_results(path)[0] if path.is_file() else []
@@ -143,15 +150,14 @@ def claim_rows(raw_dir: Path) -> list[list[str]]:
 
 
 def write(raw_path: Path, out_dir: Path) -> Path:
-    """``out_dir``/README.md (and its plots) from the run whose codec results are ``raw_path``
-    (``raw/codecs.json``; the other suites' files beside it), and the short answer in the
-    README.md beside ``out_dir`` when it has the answer's markers (the project's, for
+    """``out_dir``/README.md and its plots (:mod:`.plots`) from the run whose codec results are
+    ``raw_path`` (``raw/codecs.json``; the other suites' files beside it), and the short answer
+    in the README.md beside ``out_dir`` when it has the answer's markers (the project's, for
     ``results/``; :mod:`.answer`)."""
     results, raw = codec_results(raw_path)
     raw_dir = raw_path.parent
     _, transport_section = transports.render_parts(raw_dir / TRANSPORTS_RAW)
-    stages.plot(raw_dir, out_dir)
-    engine.plot(raw_dir, out_dir)
+    drawn = plots.write(raw_dir, out_dir, results)
     transport_targets = _other_targets(raw_dir)
     sections = [
         transport_section,
@@ -176,18 +182,15 @@ def write(raw_path: Path, out_dir: Path) -> Path:
         ),
     ]
     target = out_dir / "README.md"
-    target.write_text(
-        render(
-            results,
-            raw,
-            transport_targets,
-            "\n".join(part for part in sections if part),
-            machine.machine_section(raw, raw_dir),
-            advice.section(raw_dir),
-            codecs.codec_tables(
-                results, instructions.per_chunk(raw_dir), instructions.note(raw_dir)
-            ),
-        )
+    text = render(
+        results,
+        raw,
+        transport_targets,
+        "\n".join(part for part in sections if part),
+        machine.machine_section(raw, raw_dir),
+        advice.section(raw_dir),
+        codecs.codec_tables(results, instructions.per_chunk(raw_dir), instructions.note(raw_dir)),
     )
+    target.write_text(plots.without_missing(text, drawn))
     answer.update(out_dir.parent / "README.md", raw_dir, out_dir)
     return target

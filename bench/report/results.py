@@ -48,8 +48,11 @@ class Result:
     paired_ratio_unary: float | None = None
     """delta / orjson with orjson unframed (the delta time target's second reading)."""
     paired_ratio_upb: float | None = None
-    """flatbuffers / protobuf through upb's messages (the FlatBuffers encode target's reading
-    against protobuf's library path, its own being compiled)."""
+    """flatbuffers / protobuf through upb's messages (the FlatBuffers encode target: protobuf as
+    users get it, where inferwire's own protobuf path for token chunks is compiled)."""
+    wire_bytes_by_codec: Mapping[str, int] = field(default_factory=dict)
+    """Each codec's bytes in a benchmark of several codecs on one workload (the FlatBuffers
+    encode targets': flatbuffers, the builder, the baseline and its variants)."""
     paired_vs_json: float | None = None
     """json's time / this codec's in the same rounds (a speed-up; the library level: json's
     library call / this one's)."""
@@ -181,6 +184,7 @@ def _single(bench: dict[str, Any]) -> Result:
         paired_library_share=info.get("paired_library_share"),
         paired_ratio_unary=info.get("paired_ratio_unary"),
         paired_ratio_upb=info.get("upb_paired_ratio"),
+        wire_bytes_by_codec=info.get("wire_bytes_by_codec", {}),
         repeats=_repeats(info, paths),
     )
 

@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
-from . import spread
+from . import figures, spread
+from .figures import Panel, Plot, Series
+from .results import TRANSPORTS_RAW
 from .tables import table as _table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TRANSPORT_TARGET = 3.0
 HTTP2_UNARY_TARGET = 2.5
@@ -16,6 +21,9 @@ HTTP2_UNARY_TARGET = 2.5
 ECHO_TARGET = 3.0
 """``tcp`` small unary round trip over a raw echo of the same bytes on the same loop."""
 TRANSPORT_ORDER = ("tcp", "http1", "http1-new-connection", "http2", "grpc")
+PLOT_NAME: Final = "transports"
+HATCHES: Final = ("", "//", "..", "xx", "\\\\", "++")
+"""One per codec, so the bars stay apart in grey print."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +240,7 @@ def section(results: list[TransportResult]) -> str:
     if loops_line:
         parts += [loops_line, ""]
     for op, title in (("stream", "Streaming, per token"), ("unary", "Unary round trip")):
+        picture = figures.link(plot_data(results)) if op == "stream" else []
         rows = [
             [
                 f"`{r.transport}`",
@@ -248,6 +257,7 @@ def section(results: list[TransportResult]) -> str:
             parts += [
                 f"### {title}",
                 "",
+                *picture,
                 _table(["transport", "codec", "median", "spread", "vs tcp", "correct"], rows),
                 "",
             ]
@@ -262,3 +272,67 @@ def render_parts(path: Path) -> tuple[list[list[str]], str]:
         return [], ""
     results = load(path)
     return target_rows(results), section(results)
+
+
+def plot_data(results: list[TransportResult]) -> Plot | None:
+    """Per-token cost of a whole stream by transport x codec (None without stream results)."""
+    stream = sorted((r for r in results if r.op == "stream"), key=_order)
+    if not stream:
+        return None
+    codecs = sorted({r.codec for r in stream})
+    series = tuple(
+        Series(
+            label=codec,
+            x=tuple(r.transport for r in stream if r.codec == codec),
+            y=tuple(r.per_item_s * 1e6 for r in stream if r.codec == codec),
+        )
+        for codec in codecs
+    )
+    workloads = sorted({str(r.info.get("workload", "?")) for r in stream})
+    return Plot(
+        name=PLOT_NAME,
+        title=f"Streaming cost per token by transport and codec ({', '.join(workloads)})",
+        alt="median time per token of a streamed response, by transport and codec",
+        x_label="transport",
+        y_label="median time per token, us (log scale)",
+        panels=(Panel(title="", series=series),),
+    )
+
+
+def _draw(figure: Figure, plot: Plot) -> None:
+    figure.set_layout_engine("constrained")
+    ax = figure.subplots()
+    (panel,) = plot.panels
+    transports = list(dict.fromkeys(str(x) for s in panel.series for x in s.x))
+    width = 0.8 / len(panel.series)
+    for index, series in enumerate(panel.series):
+        offset = (index - (len(panel.series) - 1) / 2) * width
+        positions = [transports.index(str(x)) + offset for x in series.x]
+        bars = ax.bar(
+            positions,
+            series.y,
+            width,
+            label=series.label,
+            color=figures.style(index)[0],
+            hatch=HATCHES[index % len(HATCHES)],
+            edgecolor="white",
+            linewidth=0.5,
+        )
+        ax.bar_label(bars, labels=[f"{v:.3g}" for v in series.y], fontsize=7, padding=2)
+    values = [y for s in panel.series for y in s.y]
+    figures.log_axis(ax, "y", min(values), max(values))
+    ax.set_ylim(min(values) / 2, max(values) * 2)  # room under the shortest, over the tallest
+    ax.set_xticks(range(len(transports)), transports)
+    ax.set_xlabel(plot.x_label)
+    ax.set_ylabel(plot.y_label)
+    ax.grid(axis="x", visible=False)
+    ax.legend(title="codec", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+
+
+def plot(raw_dir: Path, out_dir: Path) -> list[Path]:
+    """``plots/transports.png`` and its data (nothing without stream results)."""
+    path = raw_dir / TRANSPORTS_RAW
+    data = plot_data(load(path)) if path.exists() else None
+    if data is None:
+        return []
+    return figures.save(out_dir, data, _draw, (7.5, 4.5))
