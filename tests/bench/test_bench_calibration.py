@@ -24,6 +24,7 @@ import pytest
 
 from inferwire.bench.measure import calibration
 from inferwire.bench.measure.calibration import (
+    MAX_MEMORY_BYTES,
     MOVED_BOUND,
     OTHERS_CPU_BOUND,
     STEAL_BOUND,
@@ -49,6 +50,17 @@ def _point(at: str, cpu_s: float, memory_s: float) -> dict[str, Any]:
         "memory_s": memory_s,
         "load_average": [0.5, 0.5, 0.5],
     }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _small_copies() -> Iterator[None]:
+    """Copies of the floor's size: these tests judge verdicts, not the probe's reach, and two
+    buffers of four last-level caches per calibration (840 MiB here) would raise this test
+    process's peak memory, which every process it starts inherits as its own (Linux keeps
+    ``ru_maxrss`` across fork and exec; libFuzzer's RSS limit reads it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(calibration, "MAX_MEMORY_BYTES", calibration.MIN_MEMORY_BYTES)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +105,10 @@ def test_a_workload_that_moved_is_drift_not_instability(
     assert summary["bounds"]["moved"] == MOVED_BOUND
 
 
-def test_the_memory_copy_is_four_last_level_caches(tmp_path: Path) -> None:
+def test_the_memory_copy_is_four_last_level_caches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(calibration, "MAX_MEMORY_BYTES", MAX_MEMORY_BYTES)  # the real bound
     for index, (level, size) in enumerate([(1, "48K"), (2, "2048K"), (3, "107520K")]):
         folder = tmp_path / f"index{index}"
         folder.mkdir()
@@ -105,13 +120,6 @@ def test_the_memory_copy_is_four_last_level_caches(tmp_path: Path) -> None:
     assert calibration.memory_bytes(None) == calibration.MIN_MEMORY_BYTES  # sysfs lists none
     assert calibration.memory_bytes(1 << 30) == calibration.MAX_MEMORY_BYTES
     assert calibration.last_level_cache_bytes(tmp_path / "absent") is None
-
-
-def test_this_machines_copy_is_past_its_cache(constructed: Calibration) -> None:
-    summary = constructed.summary()
-    cache = summary["last_level_cache_bytes"]
-    if cache is not None and 4 * cache <= calibration.MAX_MEMORY_BYTES:
-        assert summary["memory_bytes"] >= 4 * cache
 
 
 def test_one_point_has_moved_nothing(constructed: Calibration) -> None:
