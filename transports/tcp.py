@@ -33,7 +33,14 @@ import inferwire.codecs as ic
 from inferwire.serving import error_body
 
 from .base import Client, Server
-from .common import aclose_quietly, connect_tcp, error_detail, log_failure, map_exceptions
+from .common import (
+    ErrorMap,
+    aclose_quietly,
+    connect_tcp,
+    error_detail,
+    log_failure,
+    map_exceptions,
+)
 from .errors import (
     BadRequestError,
     MessageTooLargeError,
@@ -233,6 +240,9 @@ async def _answer_error(
     await writer.drain()
 
 
+_CLOSED_UNDER_US: Final[ErrorMap] = {RuntimeError: ProtocolError}
+
+
 class TcpClient(Client):
     """One connection, opened on first use and reused; requests take turns on it."""
 
@@ -267,7 +277,9 @@ class TcpClient(Client):
         if len(body) > self.limits.max_message_bytes:
             raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
         reader, writer = await self._connection()
-        with map_exceptions("tcp send"):
+        # the server can close the connection between the check in _connection() and the
+        # write: uvloop then refuses the write with a RuntimeError ("the handler is closed")
+        with map_exceptions("tcp send", _CLOSED_UNDER_US):
             if timing is not None:
                 timing.request_write_ns = now_ns()
             _write(writer, _HEAD.pack(op, len(body)), body)
