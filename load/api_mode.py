@@ -24,11 +24,13 @@ import orjson
 from inferwire._runtime.arguments import CommandError
 from inferwire.transports import TransportError
 
-from . import endpoints, openloop, targets
-from .api_streams import ApiStreamCheck, TokenCounter
+from . import api_events, endpoints, openloop, targets
+from .api_streams import TokenCounter
 from .endpoints import APIS, ApiTarget, Endpoint
 from .metrics import Histogram
+from .point_plans import PointPlans
 from .prompts import PromptSet, add_prompt_arguments, prompt_set_from_args, tokenizer_from_args
+from .traces import Trace
 
 DEFAULT_API_KEY_ENV: Final = "OPENAI_API_KEY"
 SCHEMES: Final = {"http1": "http", "grpc": "grpc"}
@@ -50,7 +52,7 @@ def add_api_arguments(
         "--api",
         choices=APIS,
         help="the API to drive, at --url or on the --spawn'ed server (http1 for the HTTP APIs, "
-        "grpc for kserve-v2-grpc)",
+        "grpc for kserve-v2-grpc; openai-responses and openai-embeddings: --url only)",
     )
     api.add_argument("--model", help="the model to ask for (OpenAI default: the first listed)")
     api.add_argument(
@@ -85,6 +87,19 @@ def add_api_arguments(
         default=1024,
         help="bound on the HTTP connections open at once (a request finding all busy waits, "
         "and its wait counts in its latency)",
+    )
+    api.add_argument(
+        "--embeddings-batch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="openai-embeddings: N prompts as the inputs of each request (default: 1)",
+    )
+    api.add_argument(
+        "--embeddings-format",
+        choices=endpoints.EMBEDDINGS_FORMATS,
+        default="float",
+        help="openai-embeddings: the encoding_format asked (default: float)",
     )
     add_prompt_arguments(api)
 
@@ -125,6 +140,8 @@ def endpoint_of(args: argparse.Namespace, url: str) -> Endpoint:
             max_tokens=args.max_tokens,
             extra_body=args.extra_body,
             max_connections=args.max_connections,
+            embeddings_batch=args.embeddings_batch,
+            embeddings_format=args.embeddings_format,
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
@@ -132,6 +149,8 @@ def endpoint_of(args: argparse.Namespace, url: str) -> Endpoint:
 
 def spawned_url(transport: str, address: str, api: str) -> str:
     scheme = SCHEMES.get(transport)
+    if api in endpoints.URL_ONLY_APIS:
+        raise CommandError(f"--api {api}: inferwire's own server does not serve it; give --url")
     wanted = "grpc" if api == "kserve-v2-grpc" else "http1"
     if transport != wanted:
         raise CommandError(f"--api {api} with --spawn: the server's transport is {wanted}")
@@ -140,14 +159,19 @@ def spawned_url(transport: str, address: str, api: str) -> str:
 
 
 class ApiSweep:
-    """The target, prompts and checks of one ``--api`` run."""
+    """The target, prompts and checks of one ``--api`` run; ``trace``: the trace it replays
+    (``--trace-file``, read before anything starts). What each point sends is
+    :attr:`plans`' (:mod:`.point_plans`: prompts, conversations or the trace)."""
 
-    def __init__(self, args: argparse.Namespace, endpoint: Endpoint) -> None:
+    def __init__(
+        self, args: argparse.Namespace, endpoint: Endpoint, *, trace: Trace | None = None
+    ) -> None:
         self.args = args
         self.endpoint = endpoint
         tokenizer = tokenizer_from_args(args)
         self.prompts: PromptSet = prompt_set_from_args(args, tokenizer=tokenizer)
         self.counter: TokenCounter | None = tokenizer
+        self.plans = PointPlans(args, self.prompts, tokenizer, trace, self.requests)
         self._drawn: list[Any] = []
         self._target: ApiTarget | None = None
         self.description: dict[str, Any] = {}
@@ -173,18 +197,32 @@ class ApiSweep:
         tokenizer, drawing costs about a millisecond a prompt), the same prompts at every
         point, so points differ by rate alone."""
         count = max(count, 1)
-        if len(self._drawn) < count:
-            self._drawn = self.prompts.draw(count, seed=self.args.seed)
+        if len(self._drawn) < count and self.plans.trace is not None:  # the trace's, in order
+            self._drawn = self.plans.trace_prompts()
+        elif len(self._drawn) < count:
+            batch = self.endpoint.embeddings_batch  # openai-embeddings: prompts per request
+            drawn = self.prompts.draw(count * batch, seed=self.args.seed)
+            self._drawn = drawn if batch == 1 else api_events.batches(drawn, batch)
         return self._drawn[:count]
 
     def check_factory(self) -> openloop.CheckFactory:
         needs_finish = self.target.needs_finish
         counter = self.counter
+        check = targets.check_type(self.endpoint.api)
 
         def make(parse: Histogram) -> Callable[[], openloop.StreamCheck]:
-            return lambda: ApiStreamCheck(parse=parse, counter=counter, needs_finish=needs_finish)
+            return lambda: check(parse=parse, counter=counter, needs_finish=needs_finish)
 
         return make
+
+    def _embeddings_parameters(self) -> dict[str, Any]:
+        if self.endpoint.api != "openai-embeddings":
+            return {}
+        endpoint = self.endpoint
+        return {
+            "embeddings_batch": endpoint.embeddings_batch,
+            "embeddings_format": endpoint.embeddings_format,
+        }
 
     def parameters(self) -> dict[str, Any]:
         return {
@@ -195,7 +233,9 @@ class ApiSweep:
             "extra_body": dict(self.endpoint.extra_body),
             "max_tokens": self.endpoint.max_tokens,
             "max_connections": self.endpoint.max_connections,
+            **self._embeddings_parameters(),
             "prompts": self.prompts.name,
             "tokenizer": str(self.args.tokenizer) if self.args.tokenizer else None,
             "target": self.description,
+            "workload": self.plans.describe(),
         }

@@ -4,9 +4,16 @@ stream read as the API defines it (:mod:`.api_streams`) and yielded as :class:`A
 =====================  =====================================================================
 API                    request
 =====================  =====================================================================
-openai-chat            ``POST {url}/v1/chat/completions``: ``model``, one user message,
-                       ``max_tokens``, ``stream``, ``stream_options: {"include_usage": true}``
+openai-chat            ``POST {url}/v1/chat/completions``: ``model``, one user message (or a
+                       conversation's ``messages``), ``max_tokens``, ``stream``,
+                       ``stream_options: {"include_usage": true}``
 openai-completions     ``POST {url}/v1/completions``: the same with ``prompt``
+openai-responses       ``POST {url}/v1/responses``: ``model``, ``input`` (the prompt's text, or
+                       its ``messages`` as input items), ``max_output_tokens``, ``stream``,
+                       ``store: false``; events read by :mod:`.api_events`
+openai-embeddings      ``POST {url}/v1/embeddings``: ``model``, ``input`` (a string, or the
+                       list of ``--embeddings-batch`` strings), ``encoding_format``; unary, no
+                       output token: its latency is E2E
 kserve-v2-http         ``POST {url}/v2/models/{model}/generate_stream``: Triton's generate
                        extension, ``text_input`` and ``parameters: {"max_tokens", "stream"}``
 kserve-v2-grpc         ``inference.GRPCInferenceService/ModelStreamInfer``: inputs
@@ -33,19 +40,33 @@ from urllib.parse import urlsplit
 import orjson
 
 from inferwire.codecs.framing import SseDecoder
-from inferwire.transports import ProtocolError
+from inferwire.transports import ProtocolError, StreamTruncatedError
 from inferwire.transports.common import map_exceptions
-from inferwire.transports.http1.pool import HttpPool, Origin
+from inferwire.transports.http1.pool import HttpPool, Origin, PooledResponse
 from inferwire.transports.timing import TRACEPARENT, StreamTiming
 
-from . import api_streams
+from . import api_events, api_streams
 from .api_streams import DONE, ApiChunk
 
-APIS: Final = ("openai-chat", "openai-completions", "kserve-v2-http", "kserve-v2-grpc")
+APIS: Final = (
+    "openai-chat",
+    "openai-completions",
+    "openai-responses",
+    "openai-embeddings",
+    "kserve-v2-http",
+    "kserve-v2-grpc",
+)
+URL_ONLY_APIS: Final = ("openai-responses", "openai-embeddings")
+"""The APIs inferwire's own server does not serve (no ``--spawn``)."""
+EMBEDDINGS_FORMATS: Final = ("float", "base64")
 MAX_BODY_BYTES: Final = 64 << 20
 MAX_EVENT_BYTES: Final = 16 << 20
 """An event-stream line or event over this is refused: a server that never ends a line cannot
 take unbounded memory."""
+
+
+def _payload(data: bytes) -> bytes:
+    return data
 
 
 def _error_event(name: bytes, data: bytes) -> None:
@@ -75,10 +96,20 @@ class Endpoint:
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     max_connections: int = 1024
     timeout_s: float = 60.0
+    embeddings_batch: int = 1
+    """Inputs in each ``openai-embeddings`` request."""
+    embeddings_format: str = "float"
+    """The ``encoding_format`` asked of ``openai-embeddings``."""
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
             raise ValueError(f"--api must be one of {', '.join(APIS)}")
+        if self.embeddings_batch < 1:
+            raise ValueError("--embeddings-batch must be at least 1")
+        if self.embeddings_batch != 1 and self.api != "openai-embeddings":
+            raise ValueError("--embeddings-batch is for --api openai-embeddings")
+        if self.embeddings_format not in EMBEDDINGS_FORMATS:
+            raise ValueError(f"--embeddings-format must be one of {', '.join(EMBEDDINGS_FORMATS)}")
         if self.api.startswith("kserve") and not self.model:
             raise ValueError(f"--api {self.api} needs --model: KServe names the model in the call")
         if self.api == "kserve-v2-grpc":
@@ -143,15 +174,7 @@ class _HttpTarget:
         marked_end: bool,
         timing: StreamTiming | None,
     ) -> AsyncIterator[ApiChunk]:
-        if timing is None:
-            response = await self.pool.request("POST", path, orjson.dumps(body))
-        else:
-            traced = f"{TRACEPARENT}: {timing.traceparent}\r\n" if timing.traceparent else ""
-            response = await self.pool.request(
-                "POST", path, orjson.dumps(body), headers=traced, timing=timing
-            )
-        if response.status != 200:
-            raise await response.fail()
+        response = await self._post(path, body, timing)
         events = SseDecoder(parse, MAX_EVENT_BYTES, on_named_event=_error_event)
         said_done = False
         async for data in response.body():
@@ -165,18 +188,26 @@ class _HttpTarget:
         if not marked_end and not said_done and response.complete and not events.pending:
             yield DONE  # the generate extension's end: the body's own
 
+    async def _post(
+        self, path: str, body: dict[str, Any], timing: StreamTiming | None
+    ) -> PooledResponse:
+        """The answer's head, a success: any other status raises its :class:`RemoteError`."""
+        if timing is None:
+            response = await self.pool.request("POST", path, orjson.dumps(body))
+        else:
+            traced = f"{TRACEPARENT}: {timing.traceparent}\r\n" if timing.traceparent else ""
+            response = await self.pool.request(
+                "POST", path, orjson.dumps(body), headers=traced, timing=timing
+            )
+        if response.status != 200:
+            raise await response.fail()
+        return response
+
     async def close(self) -> None:
         await self.pool.close()
 
 
-class OpenAITarget(_HttpTarget):
-    needs_finish = True
-
-    def __init__(self, endpoint: Endpoint) -> None:
-        super().__init__(endpoint)
-        self.chat = endpoint.api == "openai-chat"
-        self.path = "/v1/chat/completions" if self.chat else "/v1/completions"
-
+class _OpenAIModels(_HttpTarget):
     async def describe(self) -> dict[str, Any]:
         """``/v1/models``; with no ``--model``, the first model listed becomes the one used."""
         listing = await self._get_json("/v1/models")
@@ -188,12 +219,23 @@ class OpenAITarget(_HttpTarget):
             self.model = models[0]["id"]
         return {"api": self.endpoint.api, "model": self.model, "models": models[:20]}
 
+
+class OpenAITarget(_OpenAIModels):
+    needs_finish = True
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        super().__init__(endpoint)
+        self.chat = endpoint.api == "openai-chat"
+        self.path = "/v1/chat/completions" if self.chat else "/v1/completions"
+
     def generate(
         self, prompt: PromptLike, /, *, timing: StreamTiming | None = None
     ) -> AsyncIterator[ApiChunk]:
         body: dict[str, Any] = {"model": self.model}
         if self.chat:
-            body["messages"] = [{"role": "user", "content": prompt.text}]
+            # a conversation's turn carries its whole history (inferwire.load.conversations)
+            messages = getattr(prompt, "messages", None)
+            body["messages"] = messages or [{"role": "user", "content": prompt.text}]
         else:
             body["prompt"] = prompt.text
         max_tokens = prompt.max_tokens or self.endpoint.max_tokens
@@ -236,6 +278,71 @@ class GenerateTarget(_HttpTarget):
             marked_end=False,
             timing=timing,
         )
+
+
+class ResponsesTarget(_OpenAIModels):
+    """``--api openai-responses``: the Responses API, streamed (:mod:`.api_events`)."""
+
+    needs_finish = False
+
+    def generate(
+        self, prompt: PromptLike, /, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[ApiChunk]:
+        messages = getattr(prompt, "messages", None)  # a conversation's history, when it has one
+        body: dict[str, Any] = {
+            "model": self.model,
+            "input": list(messages) if messages else prompt.text,
+        }
+        max_tokens = prompt.max_tokens or self.endpoint.max_tokens
+        if max_tokens is not None:
+            body["max_output_tokens"] = max_tokens
+        body["stream"] = True
+        body["store"] = False  # OpenAI keeps a response for 30 days unless told not to
+        body.update(self.endpoint.extra_body)
+        return self._responses(body, timing)
+
+    async def _responses(
+        self, body: dict[str, Any], timing: StreamTiming | None
+    ) -> AsyncIterator[ApiChunk]:
+        response = await self._post("/v1/responses", body, timing)
+        events = SseDecoder(_payload, MAX_EVENT_BYTES, on_named_event=_error_event)
+        reader = api_events.ResponsesReader()
+        async for data in response.body():
+            with map_exceptions("event stream"):  # a broken or oversized event: ProtocolError
+                payloads = events.feed(data)
+            for payload in payloads:
+                # read outside the mapping: an event out of order keeps its own error class
+                yield reader(payload)
+                if reader.ended:  # response.completed: the API's end of stream
+                    yield DONE
+            if events.finished and not reader.ended:  # a `data: [DONE]` some servers add
+                raise StreamTruncatedError("data: [DONE] before the response's end")
+
+
+class EmbeddingsTarget(_OpenAIModels):
+    """``--api openai-embeddings``: one answer per request, yielded as one event with no token
+    and the end, so the open loop records its E2E latency."""
+
+    needs_finish = False
+
+    def generate(
+        self, prompt: PromptLike, /, *, timing: StreamTiming | None = None
+    ) -> AsyncIterator[ApiChunk]:
+        texts = prompt.texts if isinstance(prompt, api_events.PromptBatch) else [prompt.text]
+        body: dict[str, Any] = {
+            "model": self.model,
+            "input": texts[0] if len(texts) == 1 else texts,
+            "encoding_format": self.endpoint.embeddings_format,
+        }
+        body.update(self.endpoint.extra_body)
+        return self._embed(body, len(texts), timing)
+
+    async def _embed(
+        self, body: dict[str, Any], inputs: int, timing: StreamTiming | None
+    ) -> AsyncIterator[ApiChunk]:
+        response = await self._post("/v1/embeddings", body, timing)
+        yield api_events.embeddings_chunk(await response.read(MAX_BODY_BYTES), inputs=inputs)
+        yield DONE
 
 
 def parse_headers(values: Sequence[str]) -> tuple[tuple[str, str], ...]:

@@ -45,6 +45,10 @@ SUMMED: Final = (
     "requests_completed",
     "requests_failed",
     "output_tokens",
+    "input_tokens",
+    "inputs_completed",
+    "reasoning_tokens",
+    "tool_calls",
     "max_in_flight",
     "client_cpu_s",
 )
@@ -55,6 +59,8 @@ DERIVED: Final = (
     "duration_s",
     "request_throughput_rps",
     "output_token_throughput_tps",
+    "input_token_throughput_tps",
+    "input_throughput_ips",
     "goodput_rps",
     "server_cpu_s",
     "client_cpu_s_per_1k_tokens",
@@ -123,6 +129,12 @@ def merge_points(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         **{name: h.summary_ms() for name, h in histograms.items()},
         hdr={name: h.encode() for name, h in histograms.items()},
     )
+    for key, total in (
+        ("input_token_throughput_tps", "input_tokens"),
+        ("input_throughput_ips", "inputs_completed"),
+    ):
+        if key in merged:  # not in a report from before them
+            merged[key] = None if merged[total] is None else merged[total] / duration_s
     del merged["part"]
     if all(p.get("timeline") is None for p in ordered) and "timeline" not in _keys(ordered):
         del merged["timeline"]  # a report from before timelines

@@ -19,8 +19,9 @@ import matplotlib as mpl
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
-from . import metrics
+from . import metrics, workload_page
 from .attribution import page as attribution_page
+from .stream_content import TOKENS_PER_CHUNK_BINS
 
 MISSING: Final = "-"
 CDF_PLOTS: Final = (
@@ -30,7 +31,12 @@ CDF_PLOTS: Final = (
     ("e2e", "E2E latency"),
 )
 LATENCY_ROWS: Final = (
-    *CDF_PLOTS,
+    ("ttft", "TTFT"),
+    ("ttfot", "TTFOT (to the first output token)"),
+    ("tpot", "TPOT"),
+    ("itl_per_chunk", "ITL per chunk"),
+    ("itl_per_token", "ITL per token"),
+    ("e2e", "E2E latency"),
     ("send_lag", "send lag"),
     ("queue_wait", "queue wait"),
     ("client_parse", "client parse time an event"),
@@ -94,6 +100,7 @@ def render(report: dict[str, Any]) -> str:
             cdf, timeline = _cdf_svg(point), _timeline_svg(point)
         if isinstance(point.get("attribution"), dict):  # a split run's parts: their own
             parts.append(attribution_page.section(point["attribution"]))
+        parts.append(workload_page.section(point))
         parts.append(_figure("cdf", index, cdf, _CDF_CAPTION))
         parts.append(_figure("timeline", index, timeline, _timeline_caption(point)))
     parts.append("</body></html>\n")
@@ -182,6 +189,17 @@ def _rows() -> list[Row | str]:
         ),
         ("goodput, req/s", "goodput_rps", _from("goodput_rps")),
         ("max in flight", "max_in_flight", _from("max_in_flight")),
+        ("input tokens, tok/s", "input_token_throughput_tps", _from("input_token_throughput_tps")),
+        ("inputs, /s", "input_throughput_ips", _from("input_throughput_ips")),
+        "What the streams carried",
+        ("reasoning tokens", "reasoning_tokens", _from("reasoning_tokens")),
+        ("reasoning tokens counted by", "reasoning_token_count", _counts("reasoning_token_count")),
+        ("tool calls", "tool_calls", _from("tool_calls")),
+        ("chunk tokens counted by", "chunk_token_count", _counts("chunk_token_count")),
+        *(
+            (f"chunks of {name} tokens", f"tokens_per_chunk.{name}", _per_chunk(name))
+            for name, _, _ in TOKENS_PER_CHUNK_BINS
+        ),
         "Integrity",
         ("verified", "integrity.verified", lambda p: _number(_get(p, "integrity", "verified"))),
         ("lost, duplicated, reordered, truncated, altered", "integrity.violations", _violations),
@@ -236,6 +254,23 @@ def _token_count(point: dict[str, Any]) -> str:
     if not isinstance(counted, dict) or not counted:
         return MISSING
     return ", ".join(f"{how} {n}" for how, n in counted.items())
+
+
+def _counts(key: str) -> Callable[[dict[str, Any]], str]:
+    """A mapping of ways of counting to how many requests each counted ("none": no request
+    was counted, e.g. none reasoned)."""
+
+    def cell(point: dict[str, Any]) -> str:
+        counted = point.get(key)
+        if not isinstance(counted, dict):
+            return MISSING
+        return ", ".join(f"{how} {n}" for how, n in counted.items()) or "none"
+
+    return cell
+
+
+def _per_chunk(name: str) -> Callable[[dict[str, Any]], str]:
+    return lambda point: _number(_get(point, "tokens_per_chunk", name))
 
 
 def _violations(point: dict[str, Any]) -> str:

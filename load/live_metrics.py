@@ -11,21 +11,41 @@ measures::
     requests_total               counter    outcome  inferwire_requests_total
     errors_total                 counter    kind     -
     time_to_first_token_seconds  histogram  -        inferwire_time_to_first_token_seconds
+    time_to_first_output_token_seconds
+                                 histogram  -        -
     inter_token_latency_seconds  histogram  -        inferwire_inter_token_latency_seconds
+    inter_token_latency_per_token_seconds
+                                 histogram  -        -
     e2e_request_latency_seconds  histogram  -        inferwire_e2e_request_latency_seconds
     send_lag_seconds             histogram  -        -
     requests_in_flight           gauge      -        inferwire_streams_in_flight
     output_tokens_total          counter    -        inferwire_generation_tokens_total
+    token_chunks_total           counter    -        -
+    reasoning_tokens_total       counter    -        -
+    tool_calls_total             counter    -        -
 
     requests_total               requests finished, by outcome: ok, error
     errors_total                 failed requests, by the generator's error name (kind)
     time_to_first_token_seconds  intended send time -> the first token-carrying chunk
-    inter_token_latency_seconds  each gap between two successive token-carrying chunks
+    time_to_first_output_token_seconds
+                                 intended send time -> the first chunk carrying output
+                                 (content or a tool call; later than TTFT when the stream
+                                 reasoned first)
+    inter_token_latency_seconds  each gap between two successive token-carrying chunks (ITL
+                                 per chunk)
+    inter_token_latency_per_token_seconds
+                                 the same gaps spread over the tokens each chunk carried (a
+                                 gap g before n tokens counts n times as g / n: ITL per token)
     e2e_request_latency_seconds  intended send time -> the end of the stream
     send_lag_seconds             intended send time -> the request sent (or, waiting for a
                                  slot, queued)
     requests_in_flight           requests sent and not finished
-    output_tokens_total          output tokens received (of completed requests)
+    output_tokens_total          output tokens received (of completed requests), reasoning
+                                 tokens included
+    token_chunks_total           their token-carrying chunks (output_tokens_total over it:
+                                 the mean tokens a chunk)
+    reasoning_tokens_total       of the output tokens, those spent reasoning
+    tool_calls_total             tool calls assembled whole
 
 A twin measures from the other end: the client's latencies add the network, the client's own
 queueing and its parsing to the server's, and the server's ITL counts every token of a write
@@ -36,11 +56,13 @@ What is counted is what the run's report counts, value for value, summed over it
 and verified), ``outcome="error"`` their ``requests_failed``, and ``errors_total`` their
 ``errors`` by the same names (a transport's error class, e.g. ``ConnectError`` or
 ``StreamTruncatedError``; anything else by qualified name; ``Unfinished``: still running at the
-drain timeout). The histograms hold the values of the report's ``ttft``, ``itl_per_chunk``
-(vLLM's ITL, one value per gap), ``e2e`` and ``send_lag`` (their ``count`` and exact sums
-agree), and ``output_tokens_total`` its ``output_tokens``: the tokens of completed requests as
-the report counts them (the server's usage where an API gives it), added when each request
-ends. A failed request is in no latency and adds no tokens, as in the report.
+drain timeout). The histograms hold the values of the report's ``ttft``, ``ttfot``,
+``itl_per_chunk`` (vLLM's ITL, one value per gap), ``itl_per_token``, ``e2e`` and ``send_lag``
+(their ``count`` and exact sums agree), ``reasoning_tokens_total`` and ``tool_calls_total``
+its ``reasoning_tokens`` and ``tool_calls``, and ``output_tokens_total`` its
+``output_tokens``: the tokens of completed requests as the report counts them (the server's
+usage where an API gives it), added when each request ends. A failed request is in no latency
+and adds no tokens, as in the report.
 
 Not counted: the untimed ``--warmup`` requests before the first point, and requests intended in
 a ``--warmup-s``/``--cooldown-s`` window, which the report keeps out of every statistic too.
@@ -48,15 +70,16 @@ The in-flight gauge alone counts every request of the points, in a window or not
 many streams the generator holds open now, the twin of the server's streams in flight.
 
 Cost: nothing when ``--metrics-port`` is not given (an ``is None`` test where the generator
-records a request). On, per request: four additions (the counters, the gauge up and down);
-per chunk: nothing more. The latencies are not observed one by one: the generator's own
-histograms already buffer every value (:class:`~inferwire.load.metrics.Histogram`),
-and each time they flush, numpy counts the batch into the live histogram too (about 10 ns a
-value). While a point runs its recorder is flushed every :data:`FLUSH_EVERY_S`, so the
-histograms lag the counters by at most a quarter of a second, and the end of every point
-flushes them, so the final values are exact. (Observing each value as it comes, a bisection
-and a few additions, measured 4 to 5 times its tight-loop cost inside a run, whose other work
-leaves the caches cold: 15 us a request of 256 chunks, some 5% of the generator's work.)
+records a request). On, per request: five additions (the counters, the gauge up and down),
+two more for a stream with reasoning or tool calls; per chunk: nothing more. The latencies
+are not observed one by one: the generator's own histograms already buffer every value
+(:class:`~inferwire.load.metrics.Histogram`), and each time they flush, numpy counts the batch
+into the live histogram too (about 10 ns a value). While a point runs its recorder is flushed
+every :data:`FLUSH_EVERY_S`, so the histograms lag the counters by at most a quarter of a
+second, and the end of every point flushes them, so the final values are exact. (Observing
+each value as it comes, a bisection and a few additions, measured 4 to 5 times its tight-loop
+cost inside a run, whose other work leaves the caches cold: 15 us a request of 256 chunks, some
+5% of the generator's work.)
 
 The buckets are the servers' (:data:`~inferwire.transports.metrics_core.LATENCY_BUCKETS_S`), so
 a client and a server quantile read the same bounds; send lag has its own, from 1 us
@@ -137,9 +160,9 @@ class LiveMetrics:
     """The ``inferwire_load_*`` metrics of one process (see the module docstring), on
     ``metric_set`` (a new one by default). The generator's
     :class:`~inferwire.load.metrics.Recorder` feeds it: the counters and the gauge
-    as each request starts and ends, the histograms (:attr:`ttft`, :attr:`itl`, :attr:`e2e`,
-    :attr:`send_lag`) with the values its own histograms buffer, in bulk, each time they are
-    flushed (:func:`kept_flushed`)."""
+    as each request starts and ends, the histograms (:attr:`ttft`, :attr:`ttfot`, :attr:`itl`,
+    :attr:`itl_per_token`, :attr:`e2e`, :attr:`send_lag`) with the values its own histograms
+    buffer, in bulk, each time they are flushed (:func:`kept_flushed`)."""
 
     def __init__(self, metric_set: MetricSet | None = None) -> None:
         metrics = self.metric_set = metric_set if metric_set is not None else MetricSet()
@@ -165,10 +188,25 @@ class LiveMetrics:
                 [],
             )
         )
+        self.ttfot = LiveHistogram(
+            metrics.histogram(
+                "inferwire_load_time_to_first_output_token_seconds",
+                "Time to the first chunk carrying output (content or a tool call), from the"
+                " intended send time",
+                [],
+            )
+        )
         self.itl = LiveHistogram(
             metrics.histogram(
                 "inferwire_load_inter_token_latency_seconds",
-                "Gaps between successive token-carrying chunks (one value per gap)",
+                "Gaps between successive token-carrying chunks (one value per gap: ITL per chunk)",
+                [],
+            )
+        )
+        self.itl_per_token = LiveHistogram(
+            metrics.histogram(
+                "inferwire_load_inter_token_latency_per_token_seconds",
+                "The same gaps spread over the tokens each chunk carried (ITL per token)",
                 [],
             )
         )
@@ -193,6 +231,19 @@ class LiveMetrics:
         self._tokens = metrics.counter(
             "inferwire_load_output_tokens", "Output tokens of the completed requests", []
         ).labels()
+        self._chunks = metrics.counter(
+            "inferwire_load_token_chunks",
+            "Token-carrying chunks of the completed requests",
+            [],
+        ).labels()
+        self._reasoning = metrics.counter(
+            "inferwire_load_reasoning_tokens",
+            "Of the output tokens of the completed requests, those spent reasoning",
+            [],
+        ).labels()
+        self._tool_calls = metrics.counter(
+            "inferwire_load_tool_calls", "Tool calls of the completed requests", []
+        ).labels()
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -210,10 +261,16 @@ class LiveMetrics:
         """A request that :meth:`started` is over, however it ended."""
         self._in_flight.value -= 1
 
-    def completed(self, output_tokens: int) -> None:
-        """A stream that ended whole, with its output tokens."""
+    def completed(self, output_tokens: int, chunks: int = 0) -> None:
+        """A stream that ended whole, with its output tokens and token-carrying chunks."""
         self._ok.value += 1
         self._tokens.value += output_tokens
+        self._chunks.value += chunks
+
+    def carried(self, reasoning_tokens: int, tool_calls: int) -> None:
+        """What a completed stream with reasoning or tool calls carried."""
+        self._reasoning.value += reasoning_tokens
+        self._tool_calls.value += tool_calls
 
     def failed(self, kind: str) -> None:
         self._error.value += 1

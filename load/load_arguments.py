@@ -12,7 +12,7 @@ import inferwire.transports as it
 from inferwire import workloads
 from inferwire._runtime import arguments
 
-from . import api_mode, capacity, live_metrics
+from . import api_mode, capacity, conversations, live_metrics, traces
 from .openloop import ARRIVALS, DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_DURATION_S, DEFAULT_MAX_IN_FLIGHT
 from .records import RecordsError, records_format
 
@@ -56,6 +56,13 @@ def records_path(text: str) -> str:
     return text
 
 
+def think_time(text: str) -> conversations.ThinkTime:
+    try:
+        return conversations.ThinkTime.parse(text)
+    except conversations.ThinkTimeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def html_path(text: str) -> Path:
     path = Path(text)
     if path.is_dir():
@@ -75,6 +82,7 @@ def add_load_arguments(load: argparse.ArgumentParser) -> None:
     )
     where.add_argument("--spawn", action="store_true", help="start `inferwire serve` for the run")
     api_mode.add_api_arguments(load, where)
+    add_workload_arguments(load)
     load.add_argument(
         "--server-pid",
         type=arguments.positive_count,
@@ -230,6 +238,65 @@ def add_load_arguments(load: argparse.ArgumentParser) -> None:
         type=arguments.positive,
         metavar="UNIX_TIME",
         help="start the schedule at this wall-clock time (one point only; default: now)",
+    )
+
+
+def add_workload_arguments(load: argparse.ArgumentParser) -> None:
+    """Conversations and trace replay (with --api)."""
+    work = load.add_argument_group(
+        "conversations and traces (--api)",
+        "multi-turn conversations (--api openai-chat), whose starts the schedule gives, each turn"
+        " sending the history with the server's replies; or a timestamped trace replayed at its"
+        " own times; see python -m pydoc inferwire.load.conversations / inferwire.load.traces",
+    )
+    work.add_argument(
+        "--turns",
+        type=arguments.positive_count,
+        metavar="N",
+        help="conversations of N turns, each user message a prompt drawn from --prompts; with"
+        " --conversations, each conversation's first N turns",
+    )
+    work.add_argument(
+        "--conversations",
+        type=Path,
+        metavar="PATH",
+        help="a JSONL or ShareGPT-style JSON file of conversations ({'conversations': [{'from',"
+        " 'value'}, ...]} or {'messages': [{'role', 'content'}, ...]}): a turn per user message,"
+        " asking for its reply's length",
+    )
+    work.add_argument(
+        "--think-time-s",
+        type=think_time,
+        metavar="DIST",
+        help="seconds between a turn's end and the next turn: S, uniform:LOW,HIGH,"
+        " normal:MEAN,STD or lognormal:MEDIAN,SIGMA, drawn per turn from --seed (default: 0)",
+    )
+    work.add_argument(
+        "--max-context-tokens",
+        type=arguments.positive_count,
+        metavar="N",
+        help="a conversation's history (replies included) may not pass N tokens: checked before"
+        " the run where replies are bounded (--max-tokens, each turn's own), else as it goes",
+    )
+    work.add_argument(
+        "--trace-file",
+        type=Path,
+        metavar="PATH",
+        help="replay a trace: a Mooncake JSONL (timestamp, input_length, output_length, hash_ids)"
+        " or an Azure LLM inference CSV (TIMESTAMP, ContextTokens, GeneratedTokens); its times"
+        " replace --rate and --duration; --requests N replays its first N",
+    )
+    work.add_argument(
+        "--trace-format",
+        choices=traces.FORMATS,
+        help="the trace's format (default: from its suffix, else its first line)",
+    )
+    work.add_argument(
+        "--trace-speed",
+        type=arguments.positive,
+        default=1.0,
+        metavar="X",
+        help="replay X times as fast as the trace (default: 1)",
     )
 
 

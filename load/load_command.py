@@ -75,6 +75,14 @@ way (its requests cancelled, its figures dropped): the records so far and the re
 points that ended are written, with ``"stopped_by": "SIGINT"`` (or ``"SIGTERM"``), and the
 exit status is 128 + the signal's number, as a shell reports a command a signal ended.
 
+What the requests are, with ``--api``: prompts (:mod:`inferwire.load.prompts`), each before
+one of a few shared prefixes with ``--prefix-tokens`` (the point's ``prefix_cache``: the share
+of its input a prefix cache should serve, beside the server's own, :mod:`.prefix_cache`);
+conversations (``--turns``, ``--conversations``), whose starts the schedule gives, each later
+turn sent after the one before with the history (the point's ``conversations``, by turn,
+:mod:`.conversations`); or a trace (``--trace-file``) replayed at its own times in place of the
+schedule (:mod:`.traces`).
+
 One event loop drives everything: uvloop when it is installed, else asyncio's (``--loop``; the
 JSON records the loop that ran, and ``--spawn`` starts the server on the same kind). Neither
 loop's timers can send a request on time to the microsecond (both keep milliseconds), so the
@@ -103,8 +111,18 @@ from inferwire._runtime.arguments import CommandError
 from inferwire.transports import server_process
 from inferwire.transports.tracing import CLIENT_SERVICE, Tracer, default_endpoint
 
-from . import api_mode, capacity, live_metrics, load_outputs, metrics
+from . import (
+    api_mode,
+    capacity,
+    conversations,
+    live_metrics,
+    load_outputs,
+    metrics,
+    prefix_cache,
+    traces,
+)
 from .attribution.session import attribution_from_args
+from .endpoints import URL_ONLY_APIS
 from .metrics import Slo
 from .openloop import (
     DEFAULT_DURATION_S,
@@ -166,10 +184,11 @@ async def _sweep(
         expected = spec.expected_chunks()
         first: Any = spec.request()
     else:
+        # drawn up front, before any connection: a history past the context limit fails now
+        api.plans.prepare(max(len(spec.offsets_ns(rate)) for rate in args.rate))
         target = await api.open()
         expected = None
-        api.requests(max(len(spec.offsets_ns(rate)) for rate in args.rate))  # drawn up front
-        first = api.requests(1)[0]
+        first = api.plans.warmup_request()
     points: list[dict[str, Any]] = []
     found = None
     cut = False
@@ -192,12 +211,17 @@ async def _sweep(
             raise CommandError(f"the warm-up failed, nothing was measured: {exc}") from exc
         if warm is None:
             return points, None, True
+        if api is not None:
+            api.plans.warmed(args.warmup)
         # what exists now is never garbage: keep the collector's passes short during the run
         gc.collect()
         gc.freeze()
 
         async def measure(rate: float, cap: int | None) -> dict[str, Any]:
-            requests = None if api is None else api.requests(len(spec.offsets_ns(rate)))
+            plan = None if api is None else api.plans.plan(len(spec.offsets_ns(rate)))
+            sink = None if records is None else records.sink(point=len(points), rate_rps=rate)
+            if sink is not None and plan is not None and plan.conversations is not None:
+                sink = plan.conversations.tagged(sink)  # each record's conversation and turn
             point = await run_point(
                 target,
                 spec,
@@ -206,14 +230,17 @@ async def _sweep(
                 server_pid=pid,
                 progress=not args.quiet and sys.stderr.isatty(),
                 expected=expected,
-                request_for=None if requests is None else requests.__getitem__,
+                request_for=None if plan is None else plan.request_for,
                 checks=None if api is None else api.check_factory(),
-                on_record=None
-                if records is None
-                else records.sink(point=len(points), rate_rps=rate),
+                on_record=sink,
                 live=live,
                 attribution=None if attribution is None else attribution.point(),
+                schedule_ns=None if plan is None else plan.schedule_ns,
+                conversations=None if plan is None else plan.conversations,
             )
+            cache = None if plan is None else prefix_cache.report(plan.expected, point)
+            if cache is not None:
+                point["prefix_cache"] = cache
             print(summary_line(point), file=load_outputs.notes(args), flush=True)
             points.append(point)
             return point
@@ -310,6 +337,7 @@ def summary_line(point: dict[str, Any]) -> str:
     if point["goodput_rps"] is not None:
         parts.append(f"goodput {point['goodput_rps']:.1f} req/s,")
     parts.append(f"send lag p99 {ms('send_lag', 'p99')} ms;")
+    parts += load_outputs.stream_parts(point)
     parse = point.get("client_parse", {})
     if parse.get("count"):  # another API's stream: the client's own share of each gap
         parts.append(f"client parse p50 {parse['p50_ms'] * 1000:.1f} us an event;")
@@ -322,6 +350,10 @@ def summary_line(point: dict[str, Any]) -> str:
         bound = point["in_flight_bound"]
         parts.append(f"{point['requests_waited_for_bound']} waited for the bound of {bound};")
     parts.append(integrity_text(point["integrity"]))
+    if point.get("conversations"):
+        parts.append("\n  " + conversations.summary_text(point["conversations"]))
+    if point.get("prefix_cache"):
+        parts.append("\n  " + prefix_cache.text(point["prefix_cache"]))
     attribution = point.get("attribution")
     if isinstance(attribution, dict):  # a merged split run's parts keep their own
         parts.append("\n  " + attribution["text"])
@@ -356,6 +388,8 @@ def _check_target(args: argparse.Namespace) -> None:
         raise CommandError("give --url URL --api API, --address HOST:PORT, or --spawn")
     if args.transport is None and args.url is None:
         raise CommandError("--address and --spawn need --transport")
+    if args.spawn and args.api in URL_ONLY_APIS:  # said before a server is started for it
+        raise CommandError(f"--api {args.api}: inferwire's own server does not serve it; use --url")
     if args.url is not None and (args.prefill_ms or args.decode_ms):
         raise CommandError("--prefill-ms/--decode-ms set a --spawn'ed server")
 
@@ -395,6 +429,7 @@ def run_load(args: argparse.Namespace) -> int:
         raise CommandError(f"--out {args.out} is a directory; give a file name")
     if args.address:
         arguments.split_checked(args.address)
+    trace = _workload(args)
     if args.duration is None and args.requests is None:
         args.duration = DEFAULT_DURATION_S
     if args.concurrency is None:
@@ -431,7 +466,9 @@ def run_load(args: argparse.Namespace) -> int:
         raise CommandError("--start-at starts one point: give one --rate and --concurrency")
     for rate in args.rate:  # a bad combination fails now, not after the first points
         try:
-            spec.window(spec.offsets_ns(rate))
+            spec.window(
+                spec.offsets_ns(rate) if trace is None else trace.offsets_ns(args.trace_speed)
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
     # one connection for http2 and grpc, else one per request in flight
@@ -442,7 +479,7 @@ def run_load(args: argparse.Namespace) -> int:
     started = datetime.now(UTC).isoformat(timespec="seconds")
     api: api_mode.ApiSweep | None = None
     if args.url is not None:  # checked before anything starts
-        api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, args.url))
+        api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, args.url), trace=trace)
     # from here on a signal is noted, not raised: what is under way ends cleanly and the
     # outputs are written; the run (on its loop) and the hold look for it
     stop = signals.StopSignal()
@@ -451,7 +488,7 @@ def run_load(args: argparse.Namespace) -> int:
         with _server(args) as (address, pid, metrics), load_outputs.records(args) as records:
             if args.api is not None and args.spawn:
                 url = api_mode.spawned_url(args.transport, address, args.api)
-                api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url))
+                api = api_mode.ApiSweep(args, api_mode.endpoint_of(args, url), trace=trace)
             run = _stoppable_sweep(stop, args, spec, address, pid, api, records, live, metrics)
             points, found, cut = loops.run(run, args.loop)
         stopped_by = stop.name if cut else ""
@@ -467,6 +504,60 @@ def run_load(args: argparse.Namespace) -> int:
         return 128 + stop.signum
     failed = sum(p["requests_failed"] for p in points)
     return 1 if failed and all(p["requests_completed"] == 0 for p in points) else 0
+
+
+def _workload(args: argparse.Namespace) -> traces.Trace | None:
+    """Check the options of conversations, shared prefixes and traces (each needs --api, and
+    they do not go together); the trace, read: its times replace the schedule (one point of
+    ``--requests``, its first N, at its mean rate)."""
+    conversational = args.turns is not None or args.conversations is not None
+    if not conversational and (args.think_time_s is not None or args.max_context_tokens):
+        raise CommandError(
+            "--think-time-s and --max-context-tokens go with --turns or --conversations"
+        )
+    if args.trace_file is None and (args.trace_format is not None or args.trace_speed != 1.0):
+        raise CommandError("--trace-format and --trace-speed go with --trace-file")
+    used = [
+        name
+        for name, on in (
+            ("--turns/--conversations", conversational),
+            ("--trace-file", args.trace_file is not None),
+            ("--prefix-tokens", getattr(args, "prefix_tokens", None) is not None),
+        )
+        if on
+    ]
+    if used and args.api is None:
+        raise CommandError(f"{used[0]} needs --api: the requests carry prompts")
+    if len(used) > 1:
+        raise CommandError(f"{' and '.join(used)} do not go together")
+    if conversational and args.api != "openai-chat":
+        raise CommandError(
+            f"--turns and --conversations send a chat history: --api openai-chat, not {args.api}"
+        )
+    if conversational and args.part is not None:
+        raise CommandError("--part splits a schedule of requests, not of conversations")
+    if args.trace_file is None:
+        return None
+    refused = [
+        ("--duration", args.duration is not None),
+        ("a list of --rate", len(args.rate) > 1),
+        ("--capacity", args.capacity),
+        ("--ramp-from", args.ramp_from is not None),
+        ("--arrival", args.arrival != "poisson" or args.burstiness != 1.0),
+    ]
+    for name, given in refused:
+        if given:
+            raise CommandError(
+                f"--trace-file sets each request's time: no {name} (--trace-speed sets the pace,"
+                " --requests N replays the first N)"
+            )
+    try:
+        trace = traces.read_trace(args.trace_file, args.trace_format, limit=args.requests)
+    except traces.TraceFileError as exc:
+        raise CommandError(f"--trace-file: {exc}") from None
+    args.requests = len(trace.requests)
+    args.rate = [trace.rate_rps(args.trace_speed)]  # --rate is ignored: this labels the point
+    return trace
 
 
 def _write_report(

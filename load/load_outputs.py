@@ -1,6 +1,7 @@
-"""What ``inferwire load`` writes besides its summary lines: per-request records as the run
-goes (:mod:`.records`), the HTML page (:mod:`.html_report`), and ``inferwire load-report``,
-which redraws the page from a saved JSON report."""
+"""What ``inferwire load`` writes besides the core of its summary lines: per-request records as
+the run goes (:mod:`.records`), the HTML page (:mod:`.html_report`), ``inferwire load-report``,
+which redraws the page from a saved JSON report, and the summary line's account of what the
+streams carried (:func:`stream_parts`)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 from inferwire._runtime.arguments import CommandError
 
 from .records import STDOUT, RecordsError, RecordWriter
+
+MISSING: Final = "-"
 
 
 def notes(args: argparse.Namespace) -> TextIO:
@@ -64,3 +67,38 @@ def load_report(args: argparse.Namespace) -> int:
         raise CommandError(f"{args.report} is not a report of `inferwire load` (its --out)")
     write_html(args, report)
     return 0
+
+
+def stream_parts(point: dict[str, Any]) -> list[str]:
+    """The summary line's parts on what the streams carried: ITL per chunk and per token
+    (always, labelled), then, where a stream had any, tokens per chunk, TTFOT, reasoning tokens,
+    tool calls, and input throughput."""
+    parts = [
+        f"ITL/chunk p50 {_ms(point, 'itl_per_chunk', 'p50')} p99"
+        f" {_ms(point, 'itl_per_chunk', 'p99')} ms,"
+        f" ITL/token p50 {_ms(point, 'itl_per_token', 'p50')} p99"
+        f" {_ms(point, 'itl_per_token', 'p99')} ms;"
+    ]
+    per_chunk = point.get("tokens_per_chunk")
+    if isinstance(per_chunk, dict) and any(n for name, n in per_chunk.items() if name != "1"):
+        shown = ", ".join(f"{name}: {n}" for name, n in per_chunk.items() if n)
+        counted = "/".join(sorted(point.get("chunk_token_count") or {})) or MISSING
+        parts.append(f"chunks by tokens carried {shown} (counted by {counted});")
+    reasoning = point.get("reasoning_tokens")
+    if reasoning or _ms(point, "ttfot", "p99") != _ms(point, "ttft", "p99"):
+        parts.append(f"TTFOT p50 {_ms(point, 'ttfot', 'p50')} p99 {_ms(point, 'ttfot', 'p99')} ms;")
+    if reasoning:
+        parts.append(f"{reasoning} reasoning tokens;")
+    if point.get("tool_calls"):
+        parts.append(f"{point['tool_calls']} tool calls;")
+    if point.get("input_token_throughput_tps") is not None:
+        parts.append(f"input {point['input_token_throughput_tps']:.0f} tok/s;")
+    inputs = point.get("inputs_completed")
+    if inputs is not None and inputs != point.get("requests_completed"):
+        parts.append(f"{point['input_throughput_ips']:.1f} inputs/s;")
+    return parts
+
+
+def _ms(point: dict[str, Any], metric: str, percentile: str) -> str:
+    value = (point.get(metric) or {}).get(f"{percentile}_ms")
+    return MISSING if value is None else f"{value:.2f}"

@@ -20,7 +20,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 import psutil  # type: ignore[import-untyped, unused-ignore]
@@ -32,10 +32,11 @@ from inferwire.codecs.errors import DuplicateFrameError, ReorderedFrameError, Se
 from inferwire.codecs.integrity import AlteredStreamError
 from inferwire.transports import StreamTruncatedError, TransportError
 
+from .stream_content import CHUNK_TOKENS_TOP, EventOrderError, StreamContent, tokens_per_chunk
 from .timeline import Timeline
 
 if TYPE_CHECKING:
-    from .live_metrics import LiveHistogram, LiveMetrics
+    from .live_metrics import LiveMetrics
 
 HIGHEST_US: Final = 3_600_000_000
 """One hour: anything slower is clamped to it (and still counted)."""
@@ -55,7 +56,7 @@ UNFINISHED: Final = "Unfinished"
 INTEGRITY_KINDS: Final[tuple[tuple[str, tuple[type[BaseException], ...]], ...]] = (
     ("lost", (SequenceGapError,)),
     ("duplicated", (DuplicateFrameError,)),
-    ("reordered", (ReorderedFrameError,)),
+    ("reordered", (ReorderedFrameError, EventOrderError)),
     ("truncated", (StreamTruncatedError, ic.IncompleteStreamError)),
     ("altered", (AlteredStreamError,)),
 )
@@ -63,6 +64,26 @@ INTEGRITY_KINDS: Final[tuple[tuple[str, tuple[type[BaseException], ...]], ...]] 
 failed verification, or that its transport found cut short before its end marker)."""
 
 LIBRARIES: Final = (*CORE_LIBRARIES, "h2", "httptools", "hdrhistogram", "tqdm", "psutil")
+
+
+class Twin(Protocol):
+    """What a histogram's flushed values are counted into too (a live histogram)."""
+
+    def observe_all_ns(self, values_ns: np.ndarray, counts: np.ndarray | None = None) -> None: ...
+
+
+class _Twins:
+    """Two twins fed the same values: TTFT's live histogram and TTFOT's, while every TTFOT
+    is its TTFT (:meth:`Recorder.completed_stream`)."""
+
+    __slots__ = ("_both",)
+
+    def __init__(self, first: Twin, second: Twin) -> None:
+        self._both = (first, second)
+
+    def observe_all_ns(self, values_ns: np.ndarray, counts: np.ndarray | None = None) -> None:
+        for twin in self._both:
+            twin.observe_all_ns(values_ns, counts)
 
 
 class Histogram:
@@ -100,7 +121,7 @@ class Histogram:
         self._counts = array("q")
         self._sum_ns = 0
         self._max_ns = 0
-        self.twin: LiveHistogram | None = None
+        self.twin: Twin | None = None
         """A live histogram that counts each flushed batch too (``--metrics-port``)."""
 
     def record_ns(self, value_ns: int) -> None:
@@ -293,6 +314,21 @@ class RequestRecord:
     """Prefill and decode, or the inference time the server reported."""
     outside_engine_ms: float | None = None
     """E2E less the generator's lag and pool wait, less the server's queue and model time."""
+    # what the stream carried (inferwire.load.stream_content), None where unknown or failed
+    ttfot_ms: float | None = None
+    """Time to the first output token (content or a tool call): TTFT unless reasoning came
+    first; None without output."""
+    reasoning_tokens: int | None = None
+    """Of ``output_tokens``, those spent reasoning."""
+    tool_calls: int | None = None
+    """Tool calls assembled, each with whole JSON arguments."""
+    max_tokens_per_chunk: int | None = None
+    """The most tokens one chunk carried."""
+    # a conversation's turn (--turns, --conversations; inferwire.load.conversations)
+    conversation: int | None = None
+    """The conversation it belongs to, by its place in the point's schedule; None outside one."""
+    turn: int | None = None
+    """Its turn in the conversation, from 0; None outside a conversation."""
 
 
 RecordSink = Callable[[RequestRecord], object]
@@ -349,6 +385,11 @@ class Recorder:
         records themselves go to ``on_record`` and are not kept: a run of millions of requests
         would hold them all, and every full pass of the garbage collector would walk them."""
         self.ttft = Histogram()
+        self._ttfot = Histogram()
+        self._ttfot_apart = False
+        """Whether a stream's TTFOT differed from its TTFT yet: until one does, TTFOT is the
+        TTFT histogram itself (a plain stream records nothing more), then :attr:`ttfot` takes
+        the TTFTs so far and every stream's own from then on."""
         self.tpot = Histogram()
         self.itl_per_token = Histogram(spread=True)
         self.itl_per_chunk = Histogram()
@@ -361,6 +402,17 @@ class Recorder:
         self.token_sources: Counter[str] = Counter()
         """How the completed streams' output tokens were counted: token_ids, usage,
         tokenizer, chunks."""
+        self.chunk_sources: Counter[str] = Counter()
+        """How each chunk's tokens were counted, by stream (``CHUNK_SOURCES``)."""
+        self.reasoning_tokens = 0
+        self.reasoning_sources: Counter[str] = Counter()
+        """How the streams that reasoned had their reasoning tokens counted."""
+        self.tool_calls = 0
+        self.input_tokens = 0
+        self.input_tokens_known = 0
+        """Completed requests whose input tokens are known (the server's usage)."""
+        self.inputs_completed = 0
+        """Inputs of the completed requests: one a generation, a batch's for embeddings."""
         self.completed = 0
         self.good = 0
         self.output_tokens = 0
@@ -374,8 +426,9 @@ class Recorder:
         self.waited_for_bound = 0
         """Requests that found the bound on requests in flight reached, and waited (all)."""
         if live is not None:
-            self.ttft.twin = live.ttft
+            self.ttft.twin = _Twins(live.ttft, live.ttfot)
             self.itl_per_chunk.twin = live.itl
+            self.itl_per_token.twin = live.itl_per_token
             self.e2e.twin = live.e2e
             self.send_lag.twin = live.send_lag
 
@@ -409,10 +462,20 @@ class Recorder:
         output_tokens: int,
         gaps_ns: Sequence[int] = (),
         chunk_tokens: Sequence[int] = (),
+        first_chunk_tokens: int = 1,
+        chunk_source: str | None = None,
+        content: StreamContent | None = None,
+        input_tokens: int | None = None,
+        inputs: int = 1,
     ) -> None:
         """A stream that ended with its end marker and passed verification. ``first_token_ns``
         is 0 if it had none; ``gaps_ns`` are the gaps before each token-carrying chunk after
-        the first, and ``chunk_tokens`` the number of tokens in each of those chunks."""
+        the first, and ``chunk_tokens`` the number of tokens in each of those chunks
+        (``first_chunk_tokens``: in the first), counted as ``chunk_source`` says.
+        ``content``: its reasoning and tool calls (``None``: neither, and its first token was
+        output). ``input_tokens``: its prompt's, when known; ``inputs``: the inputs it
+        carried (1, or an embeddings batch's)."""
+        measured = self.measures(intended_ns)
         self.timeline.completed(
             intended_ns=intended_ns,
             first_token_ns=first_token_ns,
@@ -420,29 +483,69 @@ class Recorder:
             output_tokens=output_tokens,
             gaps_ns=gaps_ns,
             chunk_tokens=chunk_tokens,
+            first_chunk_tokens=first_chunk_tokens if first_token_ns else 0,
+            measured=measured,
         )
-        if not self.measures(intended_ns):
+        if not measured:
             return
         if self.live is not None:
-            self.live.completed(output_tokens)
+            self.live.completed(output_tokens, len(gaps_ns) + 1 if first_token_ns else 0)
         if gaps_ns:
             self.itl_per_chunk.record_all_ns(list(gaps_ns))
             self.itl_per_token.record_many_ns(gaps_ns, chunk_tokens)
         self.last_done_ns = max(self.last_done_ns, done_ns)
         self.completed += 1
         self.output_tokens += output_tokens
+        self.inputs_completed += inputs
+        if input_tokens is not None:
+            self.input_tokens += input_tokens
+            self.input_tokens_known += 1
         e2e_ns = done_ns - intended_ns
         self.e2e.record_ns(e2e_ns)
+        if content is not None:
+            self._content(content)
         if not output_tokens:
             self.good += self.slo.met(ttft_ns=e2e_ns, tpot_ns=None, e2e_ns=e2e_ns)
             return
+        if chunk_source is not None:
+            self.chunk_sources[chunk_source] += 1
         ttft_ns = first_token_ns - intended_ns
+        if content is not None and content.first_output_ns is not None:
+            if not self._ttfot_apart:  # before this stream's TTFT is in TTFT's histogram
+                self._part_ttfot()
+            if content.first_output_ns:  # else: no output at all, no TTFOT
+                self._ttfot.record_ns(content.first_output_ns - intended_ns)
+        elif self._ttfot_apart:
+            self._ttfot.record_ns(ttft_ns)
         self.ttft.record_ns(ttft_ns)
         tpot_ns = None
         if output_tokens > 1:
             tpot_ns = (done_ns - first_token_ns) / (output_tokens - 1)
             self.tpot.record_ns(round(tpot_ns))
         self.good += self.slo.met(ttft_ns=ttft_ns, tpot_ns=tpot_ns, e2e_ns=e2e_ns)
+
+    @property
+    def ttfot(self) -> Histogram:
+        """Time to the first output token: TTFT, or later when the stream reasoned first."""
+        return self._ttfot if self._ttfot_apart else self.ttft
+
+    def _part_ttfot(self) -> None:
+        """The first stream whose TTFOT is not its TTFT: TTFOT's histogram starts as a copy
+        of TTFT's (the values so far are the same), and is its live twin's source from now."""
+        self._ttfot_apart = True
+        self._ttfot.add(self.ttft)  # flushes TTFT's buffer first, into both live twins
+        if self.live is not None:
+            self.ttft.twin = self.live.ttft
+            self._ttfot.twin = self.live.ttfot
+
+    def _content(self, content: StreamContent) -> None:
+        """A measured stream's reasoning and tool calls."""
+        if content.reasoning_tokens:
+            self.reasoning_tokens += content.reasoning_tokens
+            self.reasoning_sources[content.reasoning_source] += 1
+        self.tool_calls += content.tool_calls
+        if self.live is not None:
+            self.live.carried(content.reasoning_tokens, content.tool_calls)
 
     def failed(
         self, exc: BaseException | None, done_ns: int, *, intended_ns: int | None = None
@@ -471,6 +574,7 @@ class Recorder:
     def histograms(self) -> dict[str, Histogram]:
         return {
             "ttft": self.ttft,
+            "ttfot": self.ttfot,
             "tpot": self.tpot,
             "itl_per_token": self.itl_per_token,
             "itl_per_chunk": self.itl_per_chunk,
@@ -486,7 +590,14 @@ class Recorder:
 
     def flush_live(self) -> None:
         """Count what the histograms with a live twin buffer (a cheap numpy pass each)."""
-        for histogram in (self.ttft, self.itl_per_chunk, self.e2e, self.send_lag):
+        for histogram in (
+            self.ttft,
+            self._ttfot,
+            self.itl_per_chunk,
+            self.itl_per_token,
+            self.e2e,
+            self.send_lag,
+        ):
             histogram.flush()
 
     def summary(self, *, start_ns: int, scheduled: int, excluded: int = 0) -> dict[str, Any]:
@@ -496,6 +607,7 @@ class Recorder:
         window = self.window or Window()
         duration_s = max(self.last_done_ns - start_ns - window.from_ns, 1) / 1e9
         failed = sum(self.errors.values())
+        input_tokens = self.input_tokens if self.input_tokens_known else None
         return {
             "requests_scheduled": scheduled,
             "requests_excluded": excluded,
@@ -510,11 +622,24 @@ class Recorder:
             "request_throughput_rps": self.completed / duration_s,
             "output_tokens": self.output_tokens,
             "output_token_throughput_tps": self.output_tokens / duration_s,
+            "input_tokens": input_tokens,
+            "input_token_throughput_tps": (
+                None if input_tokens is None else input_tokens / duration_s
+            ),
+            "inputs_completed": self.inputs_completed,
+            "input_throughput_ips": self.inputs_completed / duration_s,
+            "reasoning_tokens": self.reasoning_tokens,
+            "reasoning_token_count": dict(self.reasoning_sources),
+            "tool_calls": self.tool_calls,
             "goodput_rps": self.good / duration_s if self.slo.any else None,
             "slo": asdict(self.slo),
             "max_in_flight": self.max_in_flight,
             "requests_waited_for_bound": self.waited_for_bound,
             "token_count": dict(self.token_sources),
+            "chunk_token_count": dict(self.chunk_sources),
+            "tokens_per_chunk": tokens_per_chunk(
+                self.timeline.chunk_token_counts(CHUNK_TOKENS_TOP)
+            ),
             "integrity": {
                 "verified": self.completed,
                 **{kind: self.integrity[kind] for kind, _ in INTEGRITY_KINDS},

@@ -46,6 +46,7 @@ from .arrivals import Arrival as Arrival
 from .arrivals import arrival_offsets_ns as arrival_offsets_ns
 from .attribution.session import PointAttribution
 from .attribution.split import PointSplit
+from .conversations import ConversationPoint, TurnEnded
 from .metrics import Histogram, Recorder, Slo, Window
 
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
@@ -88,6 +89,10 @@ class VerifiedStream:
     marker and, with ``expected``, content checks."""
 
     __slots__ = ("check", "input_tokens", "output_tokens", "source", "verifier")
+    # what send() asks of every check, here without a failed lookup each request
+    chunk_source: Final = "token_ids"
+    content: Final = None
+    inputs: Final = 1
 
     def __init__(self, expected: Sequence[ic.TokenChunk] | None = None) -> None:
         self.verifier = StreamVerifier(expected)
@@ -277,6 +282,10 @@ class _Run:
         self.new_traceparent: Callable[[], str] | None = None
         self.spans_expected = False
         """The server's spans may give a request's report after the point (OTLP)."""
+        self.conversations: ConversationPoint | None = None
+        """The point's conversations (``--turns``): the schedule's entries are their starts."""
+        self.ended: TurnEnded | None = None
+        """Called as each request ends (a conversation's turn), with its check."""
 
     async def send(self, index: int, intended_ns: int) -> None:
         """One request, start to end; never raises but for cancellation."""
@@ -290,7 +299,7 @@ class _Run:
         recorder.max_in_flight = max(recorder.max_in_flight, self.in_flight)
         stream: AsyncIterator[ic.TokenChunk] | None = None
         first_ns = previous_ns = 0
-        tokens = 0
+        tokens = first_count = 0
         gaps_ns: list[int] = []  # recorded once the stream is whole: a failure has no ITL
         chunk_tokens: list[int] = []
         error: str | None = None
@@ -321,6 +330,7 @@ class _Run:
                     chunk_tokens.append(count)
                 else:
                     first_ns = arrived_ns
+                    first_count = count
                 previous_ns = arrived_ns
                 tokens += count
             checker.finish(tokens)
@@ -337,7 +347,16 @@ class _Run:
                         parse_ns=getattr(checker, "parse_total_ns", 0),
                         metrics_object=getattr(checker, "server_metrics", None),
                         deferred=self._deferred(
-                            index, intended_ns, sent_ns, done_ns, tokens, first_ns, gaps_ns, checker
+                            index,
+                            intended_ns,
+                            sent_ns,
+                            done_ns,
+                            tokens,
+                            first_ns,
+                            gaps_ns,
+                            checker,
+                            chunk_tokens,
+                            first_count,
                         )
                         if self.spans_expected
                         else None,
@@ -351,6 +370,12 @@ class _Run:
                 output_tokens=checker.output_tokens if tokens else 0,
                 gaps_ns=gaps_ns,
                 chunk_tokens=chunk_tokens,
+                first_chunk_tokens=first_count,
+                # what another API's stream carried (reasoning, tool calls), how it was counted
+                chunk_source=getattr(checker, "chunk_source", checker.source),
+                content=getattr(checker, "content", None),
+                input_tokens=checker.input_tokens,
+                inputs=getattr(checker, "inputs", 1),
             )
         except Exception as exc:
             done_ns = now_ns()
@@ -369,6 +394,8 @@ class _Run:
                 live.ended()
             if self.on_done is not None:
                 self.on_done()
+        if self.ended is not None:  # a conversation's turn: its reply and end, for the next
+            self.ended(index, intended_ns, done_ns, error, checker)
         if recorder.on_record is None or waits_for_spans:  # made later, or read by nobody
             recorder.recorded.add(index)
         else:
@@ -383,6 +410,8 @@ class _Run:
                 gaps_ns,
                 checker,
                 fields,
+                chunk_tokens,
+                first_count,
             )
 
     def _deferred(
@@ -395,6 +424,8 @@ class _Run:
         first_ns: int,
         gaps_ns: list[int],
         checker: StreamCheck,
+        chunk_tokens: list[int],
+        first_count: int,
     ) -> Callable[[dict[str, Any]], None]:
         """What makes the request's record once its spans are joined."""
 
@@ -410,6 +441,8 @@ class _Run:
                 gaps_ns,
                 checker,
                 fields,
+                chunk_tokens,
+                first_count,
             )
 
         return record
@@ -426,11 +459,14 @@ class _Run:
         gaps_ns: list[int],
         checker: StreamCheck | None,
         fields: dict[str, Any] | None = None,
+        chunk_tokens: list[int] | None = None,
+        first_count: int = 0,
     ) -> None:
         recorder = self.recorder
         if recorder.on_record is None:  # nobody reads it: building it would be the cost
             recorder.recorded.add(index)
             return
+        counted = tokens
         if error is None and checker is not None and tokens:
             tokens = checker.output_tokens
         recorder.add_record(
@@ -449,6 +485,9 @@ class _Run:
                 input_tokens=checker.input_tokens if checker is not None else None,
                 measured=self.recorder.measures(intended_ns),
                 **(fields or {}),
+                **_carried(
+                    error, counted, first_ns, intended_ns, chunk_tokens, first_count, checker
+                ),
             )
         )
 
@@ -465,10 +504,65 @@ class _Run:
         while (item := await due.get()) is not None:
             await self.send(*item)
 
+    async def converse(self, index: int, intended_ns: int) -> None:
+        """One conversation: its first turn at its time, then each next one once the turn
+        before has ended and its think time has passed (:mod:`.conversations`)."""
+        conversations = self.conversations
+        assert conversations is not None
+        assert conversations.clock is not None
+        while True:
+            await self.send(index, intended_ns)
+            following = conversations.next_turn(index)
+            if following is None:
+                return
+            index, intended_ns = following
+            await conversations.clock.sleep_until(intended_ns)
+            self.recorder.lagged(intended_ns, now_ns())
+
+    async def conversing(self, index: int, intended_ns: int) -> None:
+        """:meth:`uncapped` for conversations: the slot is held from a conversation's start to
+        its last turn's end, then taken by the one that has waited longest."""
+        self.recorder.lagged(intended_ns, now_ns())
+        try:
+            await self.converse(index, intended_ns)
+            while self.waiting:
+                await self.converse(*self.waiting.popleft())
+        finally:
+            self.tasks_running -= 1
+
+    async def schedule_conversations(
+        self, start_ns: int, offsets_ns: np.ndarray, concurrency: int | None
+    ) -> list[asyncio.Task[None]]:
+        """Start each conversation at its time; the cap (or the bound) counts conversations
+        under way. Returns the tasks that are still to finish."""
+        assert self.conversations is not None
+        loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task[None]] = set()
+        self.start_ns = start_ns
+        recorder = self.recorder
+        slots = concurrency if concurrency is not None else self.bound or math.inf
+        for position, offset_ns in enumerate(offsets_ns.tolist()):
+            index = self.conversations.first_index(position)
+            intended_ns = start_ns + offset_ns
+            if intended_ns > now_ns():
+                await self.alarm.sleep_until(intended_ns)
+            if self.tasks_running < slots:
+                self.tasks_running += 1
+                task = loop.create_task(self.conversing(index, intended_ns))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            else:  # every slot is under way: the next conversation to end takes it
+                recorder.lagged(intended_ns, now_ns())
+                recorder.waited_for_bound += concurrency is None
+                self.waiting.append((index, intended_ns))
+        return list(tasks)
+
     async def schedule(
         self, start_ns: int, offsets_ns: np.ndarray, concurrency: int | None
     ) -> list[asyncio.Task[None]]:
         """Start each request at its time; returns the tasks that are still to finish."""
+        if self.conversations is not None:
+            return await self.schedule_conversations(start_ns, offsets_ns, concurrency)
         loop = asyncio.get_running_loop()
         tasks: set[asyncio.Task[None]] = set()
         self.start_ns = start_ns
@@ -516,6 +610,8 @@ async def run_point(
     on_record: metrics.RecordSink | None = None,  # each request's record, as it ends
     live: live_metrics.LiveMetrics | None = None,
     attribution: PointAttribution | None = None,
+    schedule_ns: np.ndarray | None = None,
+    conversations: ConversationPoint | None = None,
 ) -> dict[str, Any]:
     """Drive ``target`` at one rate (and cap) and return the point's metrics.
 
@@ -525,12 +621,16 @@ async def run_point(
     the schedule (default: ``spec.request()`` for all), ``checks`` the checks of its streams
     (default: :class:`VerifiedStream`). ``live``: the metrics served while it runs, fed what
     the point records (:mod:`.live_metrics`). ``attribution``: stamp each request and read
-    its server's reports (:mod:`.attribution`), in the point's ``attribution``."""
+    its server's reports (:mod:`.attribution`), in the point's ``attribution``.
+    ``schedule_ns``: the intended send times (a trace's, :mod:`.traces`) instead of the ones
+    ``spec`` draws at ``rate_rps``. ``conversations``: the schedule's entries are conversations'
+    starts, each later turn sent after the one before (:mod:`.conversations`), in the point's
+    ``conversations``."""
     if concurrency is not None and concurrency < 1:
         raise ValueError("the concurrency cap must be at least 1")
     if spec.max_in_flight is not None and spec.max_in_flight < 1:
         raise ValueError("the bound on requests in flight must be at least 1")
-    whole = spec.offsets_ns(rate_rps)
+    whole = spec.offsets_ns(rate_rps) if schedule_ns is None else schedule_ns
     window = spec.window(whole)  # the windows are the whole schedule's, a part's too
     offsets_ns, index_first, index_step = spec.part_of(whole)
     measured = len(offsets_ns)
@@ -543,7 +643,7 @@ async def run_point(
     cpu = metrics.CpuMeter(server_pid)
     label = f"rate {rate_rps:g}/s" + (f" cap {concurrency}" if concurrency else "")
     with tqdm(
-        total=len(offsets_ns),
+        total=len(offsets_ns) if conversations is None else conversations.planned,
         desc=label,
         unit="req",
         file=sys.stderr,
@@ -556,6 +656,9 @@ async def run_point(
         new_check = (
             (lambda: VerifiedStream(expected)) if checks is None else checks(recorder.client_parse)
         )
+        unmeasured = new_check if checks is None else checks(metrics.Histogram())
+        if conversations is not None:  # each turn's reply goes into the next turn's history
+            new_check, unmeasured = conversations.wrap(new_check), conversations.wrap(unmeasured)
         run = _Run(
             target,
             request_for,
@@ -563,9 +666,12 @@ async def run_point(
             bar.update if progress else None,
             new_check,
             bound,
-            new_check if checks is None else checks(metrics.Histogram()),
+            unmeasured,
         )
         run.index_first, run.index_step = index_first, index_step
+        if conversations is not None:
+            conversations.bind(recorder)
+            run.conversations, run.ended = conversations, conversations.ended
         run.alarm = alarm = Alarm()
         if attribution is not None:
             run.split = attribution.split
@@ -580,25 +686,36 @@ async def run_point(
         # the live histograms count what the point recorded, every quarter second
         async with live_metrics.kept_flushed(None if live is None else recorder.flush_live):
             try:
-                pending = await run.schedule(start_ns, offsets_ns, concurrency)
+                try:
+                    pending = await run.schedule(start_ns, offsets_ns, concurrency)
+                finally:
+                    alarm.close()
+                if pending:
+                    _, late = await asyncio.wait(pending, timeout=spec.drain_timeout_s)
+                    for task in late:
+                        task.cancel()
+                    await asyncio.gather(*late, return_exceptions=True)
             finally:
-                alarm.close()
-            if pending:
-                _, late = await asyncio.wait(pending, timeout=spec.drain_timeout_s)
-                for task in late:
-                    task.cancel()
-                await asyncio.gather(*late, return_exceptions=True)
+                if conversations is not None:
+                    conversations.close()
         if attribution is not None:  # the last scrape, the spans still in flight, joined
             await attribution.finish()
+        scheduled = len(offsets_ns)
+        if conversations is not None:  # the later turns sent are requests of the point too
+            scheduled += len(conversations.later_intended_ns)
+            measured += conversations.later_measured()
         unaccounted = measured - recorder.completed - sum(recorder.errors.values())
         for _ in range(unaccounted):
             recorder.failed(None, now_ns())
-        _record_unfinished(recorder, start_ns, offsets_ns, index_first, index_step)
+        if conversations is None:
+            _record_unfinished(recorder, start_ns, offsets_ns, index_first, index_step)
+        else:
+            conversations.record_unstarted(recorder, start_ns, offsets_ns)
         recorder.flush()  # the recording's last step, billed to the client like the rest
         usage = cpu.stop(recorder.output_tokens)
     schedule_s = float(offsets_ns[-1] - offsets_ns[0]) / 1e9 if len(offsets_ns) > 1 else 0.0
     summary = recorder.summary(
-        start_ns=start_ns, scheduled=len(offsets_ns), excluded=len(offsets_ns) - measured
+        start_ns=start_ns, scheduled=scheduled, excluded=scheduled - measured
     )
     summary["integrity"]["content_checked"] = expected is not None
     if attribution is not None:
@@ -615,6 +732,8 @@ async def run_point(
         # the histograms themselves, so that points of several processes can be merged
         "hdr": {name: h.encode() for name, h in recorder.histograms().items()},
     }
+    if conversations is not None:
+        point["conversations"] = conversations.summary()
     if spec.part is not None:  # the span of its offsets gives the whole schedule's offered rate
         point["part"] = {
             "index": index_first,
@@ -662,6 +781,38 @@ def _record_unfinished(
                 measured=recorder.measures(intended_ns),
             )
         )
+
+
+def _carried(
+    error: str | None,
+    counted: int,
+    first_ns: int,
+    intended_ns: int,
+    chunk_tokens: list[int] | None,
+    first_count: int,
+    checker: StreamCheck | None,
+) -> dict[str, Any]:
+    """A record's figures of what its stream carried (:mod:`.stream_content`): the most tokens
+    a chunk carried, so far for a failure; TTFOT, reasoning tokens and tool calls of a
+    completed stream."""
+    most = max(first_count, max(chunk_tokens or (0,))) if counted else None
+    if error is not None or checker is None:
+        return {"max_tokens_per_chunk": most}
+    content = getattr(checker, "content", None)
+    if content is None:  # nothing but output: its first token was the first output
+        return {
+            "max_tokens_per_chunk": most,
+            "ttfot_ms": (first_ns - intended_ns) / 1e6 if counted else None,
+            "reasoning_tokens": 0,
+            "tool_calls": 0,
+        }
+    first_output_ns = first_ns if content.first_output_ns is None else content.first_output_ns
+    return {
+        "max_tokens_per_chunk": most,
+        "ttfot_ms": (first_output_ns - intended_ns) / 1e6 if counted and first_output_ns else None,
+        "reasoning_tokens": content.reasoning_tokens,
+        "tool_calls": content.tool_calls,
+    }
 
 
 def finite_or_text(value: float) -> float | str:

@@ -70,8 +70,8 @@ def read_prompts(path: Path, *, name: str, tokenizer: Tokenizer | None = None) -
     batch: list[_Record] = []
     skipped = 0
     kept_chars = 0
-    with file, _read_errors(path):
-        for line, item in _records(file, path):
+    with file, read_errors(path):
+        for line, item in file_records(file, path):
             record = _record(item, path, line)
             if record is None:
                 skipped += 1
@@ -97,7 +97,7 @@ def read_prompts(path: Path, *, name: str, tokenizer: Tokenizer | None = None) -
 
 
 @contextlib.contextmanager
-def _read_errors(path: Path) -> Iterator[None]:
+def read_errors(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:  # a read that failed, a pipe that cannot seek back
@@ -127,7 +127,7 @@ def _reply_words(record: _Record) -> int | None:
     return len(record.reply.split()) or None
 
 
-def _records(file: IO[str], path: Path) -> Iterator[tuple[int, object]]:
+def file_records(file: IO[str], path: Path) -> Iterator[tuple[int, object]]:
     """(line, parsed record) for each record: of a JSON array if the file starts with ``[``,
     else of each non-blank line."""
     try:
@@ -183,7 +183,7 @@ def _array_items(file: IO[str], path: Path) -> Iterator[tuple[int, object]]:
                 return
 
     skip_whitespace()
-    position += 1  # the "[" that _records found
+    position += 1  # the "[" that file_records found
     while True:
         skip_whitespace()
         if position == len(buffer):
@@ -234,7 +234,7 @@ def _record(item: object, path: Path, line: int) -> _Record | None:
         )
     max_tokens = _max_tokens(item, path, line)
     if forms == ["prompt"]:
-        text = _string(item["prompt"], "'prompt'", path, line)
+        text = string_field(item["prompt"], "'prompt'", path, line)
         reply = None
     elif forms == ["messages"]:
         text, reply = _last_user_message(item["messages"], path, line), None
@@ -256,7 +256,7 @@ def _max_tokens(item: dict[str, Any], path: Path, line: int) -> int | None:
     return value
 
 
-def _string(value: object, what: str, path: Path, line: int) -> str:
+def string_field(value: object, what: str, path: Path, line: int) -> str:
     if not isinstance(value, str):
         raise PromptFileError(path, line, f"{what} is {type(value).__name__}, not a string")
     return value
@@ -268,7 +268,7 @@ def _last_user_message(messages: object, path: Path, line: int) -> str:
     for message in messages:
         if not isinstance(message, dict):
             raise PromptFileError(path, line, "a message that is not an object")
-        _string(message.get("role"), "a message's 'role'", path, line)
+        string_field(message.get("role"), "a message's 'role'", path, line)
     users = [m for m in messages if m["role"] == "user"]
     if not users:
         raise PromptFileError(path, line, "'messages' has no user message")
@@ -278,9 +278,9 @@ def _last_user_message(messages: object, path: Path, line: int) -> str:
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text":
                 raise PromptFileError(path, line, "a content part that is not {'type': 'text'}")
-            parts.append(_string(part.get("text"), "a text part's 'text'", path, line))
+            parts.append(string_field(part.get("text"), "a text part's 'text'", path, line))
         return "\n".join(parts)
-    return _string(content, "the user message's 'content'", path, line)
+    return string_field(content, "the user message's 'content'", path, line)
 
 
 def _conversation(turns: object, path: Path, line: int) -> tuple[str, str | None]:
@@ -291,8 +291,8 @@ def _conversation(turns: object, path: Path, line: int) -> tuple[str, str | None
     for turn in turns:
         if not isinstance(turn, dict):
             raise PromptFileError(path, line, "a turn that is not an object")
-        speakers.append(_string(turn.get("from"), "a turn's 'from'", path, line))
-        values.append(_string(turn.get("value"), "a turn's 'value'", path, line))
+        speakers.append(string_field(turn.get("from"), "a turn's 'from'", path, line))
+        values.append(string_field(turn.get("value"), "a turn's 'value'", path, line))
     first = next((i for i, who in enumerate(speakers) if who in HUMAN), None)
     if first is None:
         return "", None

@@ -43,6 +43,9 @@ class Prompt:
     """Output tokens to ask for; None: the run's ``--max-tokens``, else the server's default."""
     input_tokens_exact: bool = False
     """True when a tokenizer counted ``input_tokens``; False when it is a word count."""
+    messages: tuple[dict[str, str], ...] | None = None
+    """The chat messages to send, a conversation's history ending with ``text`` as the last
+    user message (:mod:`.conversations`); None: one user message of ``text``."""
 
 
 class PromptSet(Protocol):
@@ -174,7 +177,7 @@ class SyntheticPrompts:
     """The tokenizer's ids that a prompt is made of (found once: it decodes the vocabulary)."""
 
     def __post_init__(self) -> None:
-        ids = _drawable_ids(self.tokenizer) if self.tokenizer else None
+        ids = drawable_ids(self.tokenizer) if self.tokenizer else None
         object.__setattr__(self, "_token_ids", ids)
 
     @property
@@ -220,7 +223,7 @@ def _word_texts(rng: np.random.Generator, lengths: np.ndarray) -> list[str]:
     return [" ".join(words[start:end]) for start, end in zip(starts, ends, strict=True)]
 
 
-def _drawable_ids(tokenizer: Tokenizer) -> np.ndarray:
+def drawable_ids(tokenizer: Tokenizer) -> np.ndarray:
     """Ids of ordinary tokens that decode alone to printable text: not a special token, not a
     byte-level BPE's lone byte of a multi-byte character (which decodes to U+FFFD), not a
     control character. Drawing from these keeps the re-encoded length close to the drawn one."""
@@ -322,3 +325,84 @@ class WithOutputTokens:
 def _check_count(count: int) -> None:
     if count < 0:
         raise ValueError(f"cannot draw {count} prompts")
+
+
+PREFIX_SEPARATOR: Final = "\n\n"
+"""Between a shared prefix and a prompt's own text: whitespace, so that a word count is the sum
+of the two, and a paragraph break, which BPE vocabularies keep apart from the word after it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WithSharedPrefix:
+    """Another set's prompts, each after one of ``groups`` shared prefixes of ``prefix_tokens``
+    tokens (``--prefix-tokens``, ``--prefix-groups``), so that a server's prefix cache serves a
+    known share of the input (:mod:`.prefix_cache` gives it).
+
+    The i-th prompt drawn takes prefix ``i % groups``: round-robin in schedule order, so that
+    each group's requests are spread over the point. The prefixes are made as synthetic prompts
+    are (words, or a tokenizer's tokens), from a seeded stream of their own, so the prompts
+    drawn are the base set's for the same seed. With a tokenizer, each prompt's length is
+    counted again whole (the join may merge tokens); without, it is the sum of the word counts.
+    """
+
+    base: PromptSet
+    prefix_tokens: int
+    groups: int = 1
+    tokenizer: Tokenizer | None = None
+    _token_ids: np.ndarray | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.prefix_tokens <= MAX_LENGTH_TOKENS:
+            raise LengthsError(
+                f"a prefix of {self.prefix_tokens} tokens: give 1 to {MAX_LENGTH_TOKENS}"
+            )
+        if self.groups < 1:
+            raise LengthsError(f"{self.groups} prefix groups: give at least 1")
+        if self.groups * self.prefix_tokens > MAX_DRAW_TOKENS:
+            raise LengthsError(
+                f"{self.groups} prefixes of {self.prefix_tokens} tokens pass the {MAX_DRAW_TOKENS}"
+                " tokens one draw may hold"
+            )
+        ids = drawable_ids(self.tokenizer) if self.tokenizer else None
+        object.__setattr__(self, "_token_ids", ids)
+
+    @property
+    def name(self) -> str:
+        return f"{self.base.name}; prefix={self.prefix_tokens}x{self.groups}"
+
+    @property
+    def input_tokens_counted_by(self) -> str:
+        return "tokenizer" if self.tokenizer else self.base.input_tokens_counted_by
+
+    def prefixes(self, *, seed: int) -> list[str]:
+        """The groups' prefixes for ``seed``, group 0 first."""
+        return self._prefixes(seed)[0]
+
+    def _prefixes(self, seed: int) -> tuple[list[str], list[int]]:
+        rng = np.random.default_rng([seed, 2])
+        lengths = np.full(self.groups, self.prefix_tokens, dtype=np.int64)
+        if self.tokenizer is None or self._token_ids is None:
+            return _word_texts(rng, lengths), lengths.tolist()
+        return _token_texts(rng, self.tokenizer, self._token_ids, lengths)
+
+    def draw(self, count: int, *, seed: int) -> list[Prompt]:
+        prompts = self.base.draw(count, seed=seed)
+        texts, counts = self._prefixes(seed)
+        groups = self.groups
+        joined = [texts[i % groups] + PREFIX_SEPARATOR + p.text for i, p in enumerate(prompts)]
+        if self.tokenizer is not None:
+            exact = self.tokenizer.count_batch(joined)
+            return [
+                replace(p, text=text, input_tokens=n, input_tokens_exact=True)
+                for p, text, n in zip(prompts, joined, exact, strict=True)
+            ]
+        return [
+            replace(
+                p,
+                text=text,
+                input_tokens=None
+                if p.input_tokens is None
+                else counts[i % groups] + p.input_tokens,
+            )
+            for i, (p, text) in enumerate(zip(prompts, joined, strict=True))
+        ]

@@ -8,6 +8,10 @@ project's vocabulary is about one token: approximate, and labelled so in the rep
 generates itself (``data/bundled_prompts.jsonl``; regenerate with ``python -m
 inferwire.load.prompts write-bundled``). ``--prompts PATH`` reads a JSONL or
 ShareGPT-style file (:mod:`.prompt_files`). Nothing is ever downloaded.
+
+``--prefix-tokens N --prefix-groups G`` puts one of G shared prefixes of N tokens before each
+prompt of any of them, round-robin (:class:`~.prompt_sets.WithSharedPrefix`), so that a
+server's prefix cache serves a known share of the input (:mod:`.prefix_cache`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from inferwire._runtime.arguments import CommandError
 
 from .prompt_files import PromptFileError, read_prompts
 from .prompt_sets import (
+    MAX_DRAW_TOKENS,
+    MAX_LENGTH_TOKENS,
     WORDS,
     Lengths,
     LengthsError,
@@ -32,6 +38,7 @@ from .prompt_sets import (
     PromptSet,
     SyntheticPrompts,
     WithOutputTokens,
+    WithSharedPrefix,
 )
 from .tokenizer import Tokenizer, TokenizerError, load_tokenizer
 
@@ -87,7 +94,8 @@ def lengths(text: str) -> Lengths:
 
 
 def add_prompt_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--prompts``, ``--input-tokens``, ``--output-tokens``, ``--tokenizer``."""
+    """``--prompts``, ``--input-tokens``, ``--output-tokens``, ``--tokenizer``,
+    ``--prefix-tokens``, ``--prefix-groups``."""
     parser.add_argument(
         "--prompts",
         default="synthetic",
@@ -122,6 +130,42 @@ def add_prompt_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGro
         help="a local tokenizer.json, or the directory of a model holding one, to count "
         "tokens exactly (needs inferwire[tokenizer]; never downloads)",
     )
+    parser.add_argument(
+        "--prefix-tokens",
+        type=prefix_tokens,
+        default=None,
+        metavar="N",
+        help="begin each prompt with one of --prefix-groups shared prefixes of N tokens (words "
+        "without --tokenizer), taken round-robin, so that a server's prefix cache serves a "
+        "known share of the input: the report gives it beside the server's own hit rate",
+    )
+    parser.add_argument(
+        "--prefix-groups",
+        type=prefix_groups,
+        default=None,
+        metavar="G",
+        help="with --prefix-tokens: how many different prefixes (default: 1)",
+    )
+
+
+def prefix_tokens(text: str) -> int:
+    """``type=`` for ``--prefix-tokens``: a whole number of tokens."""
+    return _whole(text, "tokens", MAX_LENGTH_TOKENS)
+
+
+def _whole(text: str, noun: str, highest: int) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {noun}") from None
+    if not 1 <= number <= highest:
+        raise argparse.ArgumentTypeError(f"{number} {noun}: give 1 to {highest}")
+    return number
+
+
+def prefix_groups(text: str) -> int:
+    """``type=`` for ``--prefix-groups``: 1 or more."""
+    return _whole(text, "groups", MAX_DRAW_TOKENS)
 
 
 def tokenizer_from_args(args: argparse.Namespace) -> Tokenizer | None:
@@ -142,6 +186,21 @@ def prompt_set_from_args(
     :class:`CommandError`. ``tokenizer``: the one :func:`tokenizer_from_args` loaded (the
     run counts output tokens with it too), else it is loaded here."""
     tokenizer = tokenizer or tokenizer_from_args(args)
+    found = _base_set(args, tokenizer)
+    prefix, groups = getattr(args, "prefix_tokens", None), getattr(args, "prefix_groups", None)
+    if prefix is None:
+        if groups is not None:
+            raise CommandError("--prefix-groups goes with --prefix-tokens")
+        return found
+    try:
+        return WithSharedPrefix(
+            base=found, prefix_tokens=prefix, groups=groups or 1, tokenizer=tokenizer
+        )
+    except LengthsError as exc:
+        raise CommandError(f"--prefix-tokens: {exc}") from None
+
+
+def _base_set(args: argparse.Namespace, tokenizer: Tokenizer | None) -> PromptSet:
     try:
         if args.prompts == "synthetic":
             return synthetic(

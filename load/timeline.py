@@ -38,7 +38,15 @@ ROUND_WIDTHS_S: Final = (
     60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 )  # fmt: skip
 
-_FIELDS: Final = ("intended_ns", "first_token_ns", "done_ns", "output_tokens", "gaps")
+_FIELDS: Final = (
+    "intended_ns",
+    "first_token_ns",
+    "done_ns",
+    "output_tokens",
+    "gaps",
+    "first_chunk_tokens",
+    "measured",
+)
 
 
 def bucket_width_s(span_s: float) -> float:
@@ -75,9 +83,22 @@ class Timeline:
         output_tokens: int,
         gaps_ns: Sequence[int],
         chunk_tokens: Sequence[int],
+        first_chunk_tokens: int = 1,
+        measured: bool = True,
     ) -> None:
-        """A completed stream, with the arguments of ``Recorder.completed_stream``."""
-        self._requests.extend((intended_ns, first_token_ns, done_ns, output_tokens, len(gaps_ns)))
+        """A completed stream, with the arguments of ``Recorder.completed_stream``;
+        ``measured``: in the point's measured window (for :meth:`chunk_token_counts`)."""
+        self._requests.extend(
+            (
+                intended_ns,
+                first_token_ns,
+                done_ns,
+                output_tokens,
+                len(gaps_ns),
+                first_chunk_tokens,
+                measured,
+            )
+        )
         if gaps_ns:
             # fromlist: half the cost of extend; per request, so no pause to copy a backlog
             self._gaps_ns.fromlist(gaps_ns if isinstance(gaps_ns, list) else list(gaps_ns))
@@ -87,6 +108,17 @@ class Timeline:
 
     def failed(self, done_ns: int) -> None:
         self._failed_ns.append(done_ns)
+
+    def chunk_token_counts(self, top: int) -> np.ndarray:
+        """``counts[n]``: the token-carrying chunks of the measured streams that carried n
+        tokens, n up to ``top`` (whose entry counts ``top`` or more); from the arrays kept
+        here, so that recording a chunk costs nothing more."""
+        requests = np.frombuffer(self._requests, np.int64).reshape(-1, len(_FIELDS))
+        measured = requests[:, 6] != 0
+        later = np.frombuffer(self._chunk_tokens, np.int64)[np.repeat(measured, requests[:, 4])]
+        first = requests[measured, 5]
+        tokens = np.concatenate([first[first > 0], later]).clip(0, top)
+        return np.bincount(tokens, minlength=top + 1)
 
     def summary(self, start_ns: int) -> dict[str, Any]:
         """The buckets after ``start_ns`` (the point's first intended send time)."""

@@ -43,6 +43,13 @@ Where the engines' clocks start and stop (durations only, each on the server's o
 
 A family of a stage not in :data:`~inferwire.load.attribution.reports.STAGES` (``ttft``) is
 reported beside the stages, never in the split: TTFT overlaps the queue and the prefill.
+
+The prefix cache (:data:`PREFIX_CACHE`, read beside the stages for :mod:`..prefix_cache`):
+vLLM's V1 engine counts, per engine, the prompt tokens it looked up in its prefix cache
+(``vllm:prefix_cache_queries``) and those it found (``vllm:prefix_cache_hits``), so the
+deltas over a point give its hit rate over the point's tokens; SGLang publishes only a gauge,
+``sglang:cache_hit_rate``, over its scheduler's recent batches, read as it is at the point's
+end (several ranks: their mean).
 """
 
 from __future__ import annotations
@@ -315,3 +322,37 @@ family the endpoint exposes is used."""
 
 def engine_families(engine: str, families: tuple[Family, ...] = FAMILIES) -> tuple[Family, ...]:
     return tuple(f for f in families if f.engine == engine)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheFamilies:
+    """How an engine publishes its prefix cache's hits: two counters of tokens, or a gauge."""
+
+    engine: str
+    hits: str | None = None
+    """A counter of the prompt tokens found in the cache."""
+    queries: str | None = None
+    """A counter of the prompt tokens looked up."""
+    rate_gauge: str | None = None
+    """A gauge of the hit rate, 0 to 1, over the engine's own window."""
+    meaning: str
+    url: str
+
+
+PREFIX_CACHE: Final[tuple[CacheFamilies, ...]] = (
+    CacheFamilies(
+        engine=VLLM,
+        hits="vllm:prefix_cache_hits",
+        queries="vllm:prefix_cache_queries",
+        meaning="prompt tokens found in the prefix cache, over those looked up (V1 engine)",
+        url=_VLLM_DOC,
+    ),
+    CacheFamilies(
+        engine=SGLANG,
+        rate_gauge="sglang:cache_hit_rate",
+        meaning="the radix cache's hit rate over the scheduler's recent batches (a gauge)",
+        url=_SGLANG_DOC,
+    ),
+)
+"""The prefix cache's families, in order of preference: the first one the endpoint exposes is
+read."""

@@ -8,6 +8,8 @@ buckets, P50/P90/P99.
   or bucket that went down (a reset, or the server restarted mid-point), bucket boundaries that
   changed, a series that vanished, a histogram with no finite bucket, no request counted.
 - :func:`timeline`: consecutive snapshots into per-interval counts and means.
+- :func:`prefix_cache`: the prefix cache's hit rate over the point, where the engine
+  publishes one (:data:`~.families.PREFIX_CACHE`), in :class:`PointMetrics`' ``prefix_cache``.
 
 Percentiles are interpolated as Prometheus' ``histogram_quantile`` does (promql/quantile.go):
 the bucket holding the rank ``q * count`` is found, and the value is placed linearly between its
@@ -26,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from .families import COUNTER, ENGINES, FAMILIES, HISTOGRAM, SUMMARY, Family
+from .families import COUNTER, ENGINES, FAMILIES, HISTOGRAM, PREFIX_CACHE, SUMMARY, Family
 from .reports import STAGES
 from .scrape import HistogramSeries, LabelSet, Snapshot
 
@@ -98,6 +100,8 @@ class PointMetrics:
     notes: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()
     """Families whose figures were left out (a reset, changed buckets, a vanished series)."""
+    prefix_cache: Mapping[str, Any] | None = None
+    """The prefix cache's hit rate over the point (:func:`prefix_cache`), if published."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -110,6 +114,8 @@ class PointMetrics:
         }
         if self.dropped:
             out["dropped"] = list(self.dropped)
+        if self.prefix_cache is not None:
+            out["prefix_cache"] = dict(self.prefix_cache)
         return out
 
 
@@ -318,7 +324,36 @@ def delta(before: Snapshot, after: Snapshot, families: Sequence[Family] = FAMILI
         extra=extra,
         notes=tuple(notes),
         dropped=tuple(dropped),
+        prefix_cache=prefix_cache(before, after),
     )
+
+
+def prefix_cache(before: Snapshot, after: Snapshot) -> dict[str, Any] | None:
+    """The prefix cache's hit rate over the point, from the first row of
+    :data:`~.families.PREFIX_CACHE` the endpoint exposes: the counters' deltas (tokens), or the
+    gauge at ``after``; None when none is exposed. A counter that went down or was recreated
+    gives no rate and a note."""
+    for row in PREFIX_CACHE:
+        found: dict[str, Any] = {"engine": row.engine, "meaning": row.meaning, "url": row.url}
+        if row.hits and row.queries:
+            hits_after, queries_after = after.counter(row.hits), after.counter(row.queries)
+            if hits_after is None or queries_after is None:
+                continue
+            found.update(source="counters", families=[row.hits, row.queries])
+            try:
+                _recreated(row.hits, before, after)
+                _recreated(row.queries, before, after)
+                hits = _scalar_delta(row.hits, before.counter(row.hits), hits_after)
+                queries = _scalar_delta(row.queries, before.counter(row.queries), queries_after)
+            except _LeftOut as exc:
+                return {**found, "hit_rate": None, "note": str(exc)}
+            rate = hits / queries if queries else None
+            return {**found, "hit_tokens": hits, "queried_tokens": queries, "hit_rate": rate}
+        if row.rate_gauge and row.rate_gauge in after.gauges:
+            values = [v for v in after.gauges[row.rate_gauge].values() if math.isfinite(v)]
+            rate = sum(values) / len(values) if values else None
+            return {**found, "source": "gauge", "families": [row.rate_gauge], "hit_rate": rate}
+    return None
 
 
 def timeline(

@@ -53,6 +53,13 @@ Bad sources: ``--metrics-mode`` ``404``; ``garbage`` (a 200 that is not Promethe
 ``--reset-after``-th arrives); ``other-buckets`` (boundaries none of the engines uses).
 ``--metrics-object-mode`` ``nulls``, ``negative``, ``too-large`` (each stage twice the whole
 request). ``--spans-mode never``.
+
+``--prefix-cache`` (vllm): a toy prefix cache of the prompts' words (a word a token, the
+messages' contents one after the other) in blocks of ``--prefix-block-tokens``, that keeps
+every block and, as vLLM's, serves whole blocks of a prompt's leading tokens already seen, never
+its last token; counted as ``vllm:prefix_cache_queries`` (the prompt's tokens) and
+``vllm:prefix_cache_hits`` (those served): looked up as the request arrives, counted with its
+other figures.
 """
 
 from __future__ import annotations
@@ -144,6 +151,8 @@ class Options:
     otlp_endpoint: str | None = None
     spans_mode: str = "ok"
     span_batch_ms: float = 200.0
+    prefix_cache: bool = False
+    prefix_block_tokens: int = 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -162,6 +171,8 @@ class Stamps:
     output_tokens: int
     request_id: str
     traceparent: str | None
+    cached_tokens: int = 0
+    """Prompt tokens the prefix cache served (``--prefix-cache``)."""
 
 
 # -- /metrics: families written as each engine's exporter writes them ------------------------
@@ -426,6 +437,17 @@ class Metrics:
         self.rows = make_rows(options.model, options.metrics_mode == "other-buckets")
         self.families = [_Family(r.name, "counter" if r.bounds is None else "histogram", r.help,
                                  r.bounds or ()) for r in self.rows]  # fmt: skip
+        if options.prefix_cache:  # vllm/v1/metrics/loggers.py: per engine, tokens
+            per_engine: Labels = (("model_name", options.model), ("engine", "0"))
+            self.rows += [
+                Row("vllm:prefix_cache_queries",
+                    "Prefix cache queries, in terms of number of queried tokens.",
+                    lambda s, _: s.prompt_tokens, labels=per_engine),
+                Row("vllm:prefix_cache_hits",
+                    "Prefix cache hits, in terms of number of cached tokens.",
+                    lambda s, _: s.cached_tokens, labels=per_engine),
+            ]  # fmt: skip
+            self.families += [_Family(r.name, "counter", r.help) for r in self.rows[-2:]]
         for row, family in zip(self.rows, self.families, strict=True):
             for labels in row.idle or ((row.labels,) if eager else ()):
                 family.child(labels)
@@ -577,10 +599,35 @@ class SpanExporter:
 # -- the engine: the timeline and what it records ----------------------------------------------
 
 
+class PrefixCache:
+    """Blocks of words seen, each keyed by its words and all before it (as vLLM chains block
+    hashes): a prompt is served its leading whole blocks already seen, never its last token."""
+
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.blocks: set[int] = set()
+
+    def lookup(self, words: Sequence[str]) -> int:
+        """Tokens of ``words`` served from the cache; then every whole block of it is kept."""
+        size = self.block_tokens
+        keys: list[int] = []
+        key = 0
+        for start in range(0, len(words) - size + 1, size):
+            key = hash((key, tuple(words[start : start + size])))
+            keys.append(key)
+        servable = (len(words) - 1) // size  # the last token is always computed
+        hits = 0
+        while hits < min(servable, len(keys)) and keys[hits] in self.blocks:
+            hits += 1
+        self.blocks.update(keys)
+        return hits * size
+
+
 class Engine:
     def __init__(self, options: Options) -> None:
         self.options = options
         self.metrics = Metrics(options)
+        self.cache = PrefixCache(options.prefix_block_tokens)
         self.lock = threading.Lock()
         self.arrivals = 0
         self.spans: SpanExporter | None = None
@@ -592,6 +639,19 @@ class Engine:
     def metrics_text(self) -> str:
         with self.lock:
             return self.metrics.text()
+
+    def cached(self, messages: object) -> int:
+        """The prompt tokens (words) of ``messages`` the prefix cache serves (0 without one)."""
+        if not self.options.prefix_cache or not isinstance(messages, list):
+            return 0
+        words = [
+            word
+            for m in messages
+            if isinstance(m, dict) and isinstance(m.get("content"), str)
+            for word in m["content"].split()
+        ]
+        with self.lock:
+            return self.cache.lookup(words)
 
     def received(self) -> None:
         """A generation request arrived: the reset of ``--metrics-mode reset`` (as if the server
@@ -619,6 +679,7 @@ class Engine:
         traceparent: str | None,
         head: Callable[[], None],
         emit: Callable[[list[int], bool], None],
+        cached_tokens: int = 0,
     ) -> Stamps:
         """Sleeps through the timeline, calling ``head()`` after the frontend and
         ``emit(token indexes, is_last)`` per chunk; records the request before its last chunk."""
@@ -649,6 +710,7 @@ class Engine:
                     output_tokens=tokens,
                     request_id=f"req-{uuid.uuid4().hex}",
                     traceparent=traceparent,
+                    cached_tokens=cached_tokens,
                 )
                 self.record(stamps)
             emit(group, is_last)
@@ -788,6 +850,7 @@ class _Handler(BaseHTTPRequestHandler):
         if request is None:
             return
         engine.received()
+        cached_tokens = engine.cached(request.get("messages"))
         stream = bool(request.get("stream"))
         include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
         tokens = _max_tokens(request.get("max_completion_tokens"), request.get("max_tokens"))
@@ -816,6 +879,7 @@ class _Handler(BaseHTTPRequestHandler):
             traceparent=self.headers.get("traceparent"),
             head=self._start_stream if stream else lambda: None,
             emit=emit,
+            cached_tokens=cached_tokens,
         )
         usage = {"prompt_tokens": stamps.prompt_tokens, "completion_tokens": tokens}
         usage["total_tokens"] = stamps.prompt_tokens + tokens
@@ -934,9 +998,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, str, int, in
     parser.add_argument("--otlp-endpoint", help="vllm only: the full URL spans are POSTed to")
     parser.add_argument("--spans-mode", choices=SPANS_MODES, default="ok")
     parser.add_argument("--span-batch-ms", type=float, default=default.span_batch_ms)
+    parser.add_argument("--prefix-cache", action="store_true", help="vllm only")
+    parser.add_argument("--prefix-block-tokens", type=int, default=default.prefix_block_tokens)
     args = parser.parse_args(argv)
     if args.flavor != "vllm" and (args.per_request_metrics or args.otlp_endpoint):
         parser.error("--per-request-metrics and --otlp-endpoint are vLLM's (--flavor vllm)")
+    if args.flavor != "vllm" and args.prefix_cache:
+        parser.error("--prefix-cache is vLLM's (--flavor vllm)")
+    if args.prefix_block_tokens < 1:
+        parser.error("--prefix-block-tokens must be at least 1")
     if args.tokens < 1 or args.tokens_per_chunk < 1 or args.reset_after < 0:
         parser.error("--tokens and --tokens-per-chunk must be at least 1, --reset-after 0")
     options = Options(
@@ -955,6 +1025,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Options, str, int, in
         otlp_endpoint=args.otlp_endpoint,
         spans_mode=args.spans_mode,
         span_batch_ms=args.span_batch_ms,
+        prefix_cache=args.prefix_cache,
+        prefix_block_tokens=args.prefix_block_tokens,
     )
     return options, args.host, args.port, args.metrics_port
 

@@ -15,15 +15,22 @@ SPEC = {  # exposed family name (no _total): type, label names
     "inferwire_load_requests": ("counter", {"outcome"}),
     "inferwire_load_errors": ("counter", {"kind"}),
     "inferwire_load_time_to_first_token_seconds": ("histogram", set()),
+    "inferwire_load_time_to_first_output_token_seconds": ("histogram", set()),
     "inferwire_load_inter_token_latency_seconds": ("histogram", set()),
+    "inferwire_load_inter_token_latency_per_token_seconds": ("histogram", set()),
     "inferwire_load_e2e_request_latency_seconds": ("histogram", set()),
     "inferwire_load_send_lag_seconds": ("histogram", set()),
     "inferwire_load_requests_in_flight": ("gauge", set()),
     "inferwire_load_output_tokens": ("counter", set()),
+    "inferwire_load_token_chunks": ("counter", set()),
+    "inferwire_load_reasoning_tokens": ("counter", set()),
+    "inferwire_load_tool_calls": ("counter", set()),
 }
 HISTOGRAMS = {
     "ttft": "inferwire_load_time_to_first_token_seconds",
+    "ttfot": "inferwire_load_time_to_first_output_token_seconds",
     "itl_per_chunk": "inferwire_load_inter_token_latency_seconds",
+    "itl_per_token": "inferwire_load_inter_token_latency_per_token_seconds",
     "e2e": "inferwire_load_e2e_request_latency_seconds",
     "send_lag": "inferwire_load_send_lag_seconds",
 }
@@ -83,7 +90,18 @@ def assert_agree(families: dict[str, Any], points: list[dict[str, Any]]) -> None
     assert {kind: n for kind, n in live_errors.items() if n} == errors
     assert set(PRESET_ERROR_KINDS) <= set(live_errors)
     assert value(families, "inferwire_load_output_tokens_total") == total("output_tokens")
+    for key, sample in (
+        ("reasoning_tokens", "inferwire_load_reasoning_tokens_total"),
+        ("tool_calls", "inferwire_load_tool_calls_total"),
+    ):
+        if key in points[0]:
+            assert value(families, sample) == total(key), key
+    if "tokens_per_chunk" in points[0]:
+        chunks = sum(sum(p["tokens_per_chunk"].values()) for p in points)
+        assert value(families, "inferwire_load_token_chunks_total") == chunks
     for key, family in HISTOGRAMS.items():
+        if key not in points[0]:  # a report from before it
+            continue
         count = sum(int(p[key]["count"]) for p in points)
         assert value(families, family + "_count") == count, key
         assert buckets(families, family)[-1][1] == count

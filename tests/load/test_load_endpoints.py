@@ -135,7 +135,8 @@ def test_several_choices_count_each() -> None:
         ),
         chat=True,
     )
-    assert (chunk.tokens, chunk.text, chunk.finished, chunk.started) == (2, "ba", (1,), (1, 0))
+    assert (chunk.tokens, chunk.text, chunk.finished, chunk.started) == (2, "b", (1,), (1, 0))
+    assert (chunk.reasoning, chunk.reasoning_choices) == ("a", 1)  # reasoning kept out of text
 
 
 def test_legacy_completions_and_token_ids() -> None:

@@ -77,6 +77,12 @@ def _check_records(rows: list[dict[str, Any]], points: list[dict[str, Any]]) -> 
             assert r["chunks"] >= 1
             assert r["queue_wait_ms"] >= 0
             assert r["intended_s"] >= 0
+            # a stream of output alone: its first token is its first output
+            assert r["ttfot_ms"] == r["ttft_ms"]
+            assert (r["reasoning_tokens"], r["tool_calls"]) == (0, 0)
+            assert 1 <= r["max_tokens_per_chunk"] <= r["output_tokens"]
+        assert sum(point["tokens_per_chunk"].values()) == sum(r["chunks"] for r in ok)
+        assert point["ttfot"]["count"] == point["ttft"]["count"] == len(ok)
         assert max(r["e2e_ms"] for r in ok) == pytest.approx(point["e2e"]["max_ms"], rel=1e-3)
 
 
@@ -225,7 +231,13 @@ def _check_table(page: _Page, points: list[dict[str, Any]]) -> int:
     """Every numeric cell equals the JSON's value (to its printed digits); returns how many."""
     checked = 0
     for (metric, index), text in page.cells.items():
-        if metric in ("errors", "concurrency", "token_count"):
+        if metric in (
+            "errors",
+            "concurrency",
+            "token_count",
+            "chunk_token_count",
+            "reasoning_token_count",
+        ):
             continue
         value = _value(points[index], metric)
         if value is None:

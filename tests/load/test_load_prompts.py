@@ -19,9 +19,11 @@ from inferwire._runtime.arguments import CommandError, Parser
 from inferwire.load import prompt_files, prompts
 from inferwire.load.prompt_sets import (
     MAX_LENGTH_TOKENS,
+    PREFIX_SEPARATOR,
     WORDS,
     ListedPrompts,
     SyntheticPrompts,
+    WithSharedPrefix,
 )
 from inferwire.load.prompts import Lengths, LengthsError, Prompt, PromptFileError
 from inferwire.load.tokenizer import Tokenizer, TokenizerError, load_tokenizer
@@ -514,3 +516,45 @@ def test_bad_lengths_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> Non
         _args("--input-tokens", "uniform:9,3")
     assert raised.value.code == 2
     assert "argument --input-tokens: 'uniform:9,3': LOW is above HIGH" in capsys.readouterr().err
+
+
+# -- shared prefixes ----------------------------------------------------------------------------
+
+
+def test_shared_prefixes_with_a_tokenizer_lead_with_the_same_tokens(tokenizer: Tokenizer) -> None:
+    base = prompts.synthetic(Lengths.parse("16"), None, tokenizer=tokenizer)
+    shared = WithSharedPrefix(base=base, prefix_tokens=24, groups=2, tokenizer=tokenizer)
+    drawn = shared.draw(6, seed=5)
+    assert [p.text.split(PREFIX_SEPARATOR, 1)[1] for p in drawn] == [
+        p.text for p in base.draw(6, seed=5)
+    ]
+    prefix_ids = tokenizer.encode_batch(shared.prefixes(seed=5))
+    assert all(abs(len(ids) - 24) <= 2 for ids in prefix_ids)  # as synthetic prompts converge
+    for i, prompt in enumerate(drawn):
+        ids = tokenizer.encode(prompt.text)
+        assert ids[: len(prefix_ids[i % 2])] == prefix_ids[i % 2]  # the join merges nothing
+        assert prompt.input_tokens == len(ids)
+        assert prompt.input_tokens_exact
+
+
+def test_the_prefix_options_wrap_any_set(tmp_path: Path) -> None:
+    chosen = prompts.prompt_set_from_args(
+        _args("--prompts", "bundled", "--prefix-tokens", "8", "--prefix-groups", "3")
+    )
+    assert isinstance(chosen, WithSharedPrefix)
+    assert chosen.name == "bundled; prefix=8x3"
+    words = [p.text.split() for p in chosen.draw(6, seed=2)]
+    assert words[0][:8] == words[3][:8] != words[1][:8]
+    one = prompts.prompt_set_from_args(_args("--prefix-tokens", "4", "--input-tokens", "2"))
+    assert [p.input_tokens for p in one.draw(3, seed=0)] == [6, 6, 6]
+    with pytest.raises(CommandError, match="--prefix-groups goes with --prefix-tokens"):
+        prompts.prompt_set_from_args(_args("--prefix-groups", "2"))
+
+
+@pytest.mark.parametrize("argv", [["--prefix-tokens", "0"], ["--prefix-groups", "x"]])
+def test_bad_prefix_options_are_usage_errors(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _args(*argv)
+    assert argv[0] in capsys.readouterr().err
