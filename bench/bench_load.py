@@ -27,6 +27,7 @@ import os
 import statistics
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
@@ -36,7 +37,17 @@ from prometheus_client import generate_latest, start_http_server
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire._runtime import loops
-from inferwire.load import api_streams, live_metrics, metrics, openloop
+from inferwire.load import (
+    api_events,
+    api_streams,
+    conversation_scripts,
+    live_metrics,
+    metrics,
+    openloop,
+    prompt_sets,
+    traces,
+)
+from inferwire.load import conversations as conversations_module
 from inferwire.load.attribution import session
 from inferwire.transports import server_process
 
@@ -555,3 +566,253 @@ def bench_load(benchmark: Any, transport: str) -> None:
         **point,
     )
     assert point["requests_failed"] == 0, point["errors"]
+
+
+FEATURE_POINT: Final = (16, 2_000.0)
+"""(tokens a stream, requests/s): as the attribution's point, one core keeps it."""
+FEATURE_PAIRS: Final = 8
+FEATURE_TRIAL_S: Final = 0.4
+TRACE_SAMPLE: Final = Path(traces.__file__).parent / "data" / "trace_mooncake_sample.jsonl"
+_CHUNK_BASE: Final = (
+    b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+)
+
+
+def _chat_events(tokens: int, feature: str) -> list[bytes]:
+    """A chat stream of ``tokens`` tokens as ``feature`` sends them, then its usage and
+    ``[DONE]``: ``plain`` one content token a chunk; ``token-ids`` and ``running-usage`` two
+    tokens a chunk, counted from the ids or from the rise of vLLM's running usage; ``reasoning``
+    a quarter of the tokens as ``reasoning_content`` first; ``tool-call`` one call whose
+    arguments come in ``tokens`` fragments."""
+
+    def chunk(delta: bytes, finish: bool, extra: bytes = b"") -> bytes:
+        reason = b'"length"' if finish else b"null"
+        return _CHUNK_BASE + b'[{"index":0,"delta":%s,"finish_reason":%s}]%s}' % (
+            delta,
+            reason,
+            extra,
+        )
+
+    details = b""
+    if feature in ("token-ids", "running-usage"):
+        chunks = tokens // 2
+        events = []
+        for n in range(chunks):
+            last = n == chunks - 1
+            if feature == "token-ids":
+                events.append(
+                    _CHUNK_BASE + b'[{"index":0,"delta":{"content":"xy"},"token_ids":[%d,%d],'
+                    b'"finish_reason":%s}]}' % (2 * n, 2 * n + 1, b'"length"' if last else b"null")
+                )
+            else:
+                events.append(
+                    chunk(
+                        b'{"content":"xy"}',
+                        last,
+                        b',"usage":{"prompt_tokens":4,"completion_tokens":%d}' % (2 * n + 2),
+                    )
+                )
+    elif feature == "reasoning":
+        thinking = tokens // 4
+        events = [chunk(b'{"reasoning_content":"r"}', False) for _ in range(thinking)]
+        events += [
+            chunk(b'{"content":"x"}', n == tokens - thinking - 1) for n in range(tokens - thinking)
+        ]
+        details = b',"completion_tokens_details":{"reasoning_tokens":%d}' % thinking
+    elif feature == "tool-call":
+        first = (
+            b'{"tool_calls":[{"index":0,"id":"call_1","type":"function",'
+            b'"function":{"name":"f","arguments":"{\\"a\\":\\""}}]}'
+        )
+        events = [chunk(first, False)]
+        for n in range(1, tokens):
+            piece = b'\\"}' if n == tokens - 1 else b"x"
+            events.append(
+                chunk(
+                    b'{"tool_calls":[{"index":0,"function":{"arguments":"%s"}}]}' % piece,
+                    n == tokens - 1,
+                )
+            )
+    else:
+        events = [chunk(b'{"content":"x"}', n == tokens - 1) for n in range(tokens)]
+    events.append(
+        _CHUNK_BASE
+        + b'[],"usage":{"prompt_tokens":4,"completion_tokens":%d%s}}' % (tokens, details)
+    )
+    return [*events, b"[DONE]"]
+
+
+def _responses_events(tokens: int) -> list[bytes]:
+    """A Responses stream of ``tokens`` text deltas, as :mod:`inferwire.load.api_events` reads
+    it: created, the message item, the deltas, completed with its usage."""
+    sequence = iter(range(1 << 30))
+
+    def event(kind: str, fields: bytes) -> bytes:
+        return b'{"type":"%s","sequence_number":%d%s}' % (kind.encode(), next(sequence), fields)
+
+    events = [
+        event("response.created", b',"response":{"id":"r","status":"in_progress"}'),
+        event("response.output_item.added", b',"output_index":0,"item":{"type":"message"}'),
+    ]
+    events += [
+        event("response.output_text.delta", b',"output_index":0,"item_id":"m","delta":"x"')
+        for _ in range(tokens)
+    ]
+    events.append(event("response.output_item.done", b',"output_index":0,"item":{}'))
+    usage = b'{"input_tokens":4,"output_tokens":%d}' % tokens
+    events.append(
+        event(
+            "response.completed", b',"response":{"id":"r","status":"completed","usage":%s}' % usage
+        )
+    )
+    return events
+
+
+class FeatureTarget:
+    """A stream of ``feature``'s events, each parsed from its bytes by the reader its API's
+    target uses, all at once and without I/O: the generator's own work per request and per
+    event, with that feature's events and nothing else."""
+
+    needs_finish = True
+
+    def __init__(self, feature: str, tokens: int) -> None:
+        self.responses = feature == "responses"
+        self.events = _responses_events(tokens) if self.responses else _chat_events(tokens, feature)
+
+    async def generate(self, prompt: Any, /) -> AsyncIterator[Any]:
+        if self.responses:
+            reader = api_events.ResponsesReader()
+            for data in self.events:
+                yield reader(data)
+            yield api_streams.DONE
+            return
+        for data in self.events:
+            yield api_streams.openai_chunk(data, chat=True)
+
+    async def close(self) -> None:
+        pass
+
+
+STREAM_FEATURES: Final = ("token-ids", "running-usage", "reasoning", "tool-call", "responses")
+"""What a stream carries (issue 31), each paired with the plain stream of as many tokens."""
+
+
+def _feature_trial(spec: openloop.LoadSpec, rate: float, tokens: int, feature: str) -> Any:
+    conversations = None
+    request_for: Any = lambda _: None  # noqa: E731 (the null target reads no prompt)
+    if feature == "conversation":  # two turns each: the second sends the first's reply back
+        scripts = [
+            conversation_scripts.Script(
+                turns=(conversation_scripts.Turn(text="hi", tokens=1, max_tokens=None),) * 2
+            )
+            for _ in range(len(spec.offsets_ns(rate)))
+        ]
+        conversations = conversations_module.ConversationPoint(
+            scripts, think=conversation_scripts.ThinkTime(), seed=spec.seed
+        )
+        request_for = conversations.request_for
+    target = FeatureTarget("plain" if feature in ("plain", "conversation") else feature, tokens)
+    go = openloop.run_point(
+        target,
+        spec,
+        rate_rps=rate,
+        request_for=request_for,
+        checks=_api_checks,
+        conversations=conversations,
+    )
+    return loops.run(go, "uvloop")
+
+
+def _draw_us_per_prompt(how: str, count: int = 2_000) -> float:
+    """The time to make a run's prompts before it starts, per prompt: ``count`` synthetic
+    prompts of 128 tokens (``none``), the same after 8 shared prefixes of 512 tokens
+    (``prefix``), or the bundled Mooncake sample's prompts (``trace``, its lengths and hash
+    blocks): what a prefix or a trace costs is paid here, not in the loop."""
+    started = time.perf_counter()
+    if how == "trace":
+        trace = traces.read_trace(TRACE_SAMPLE)
+        made = len(trace.prompts(seed=1))
+    else:
+        prompts: Any = prompt_sets.SyntheticPrompts(
+            input_tokens=prompt_sets.Lengths.parse("128"), output_tokens=None
+        )
+        if how == "prefix":
+            prompts = prompt_sets.WithSharedPrefix(base=prompts, prefix_tokens=512, groups=8)
+        made = len(prompts.draw(count, seed=1))
+    return (time.perf_counter() - started) / made * 1e6
+
+
+@_UVLOOP
+def bench_generator_features(benchmark: Any) -> None:
+    """What each of issue 31's features costs the generator per request: the same uncapped
+    ``--api`` point at 2,000 requests/s of 16-token streams, plain against each feature on
+    (two tokens a chunk by token ids, by running usage, reasoning first, a tool call, the
+    Responses event stream, two-turn conversations), in alternating trials on one pinned core,
+    and the paired ratio of CPU per request (feature / plain, the median over the pairs).
+    Shared prefixes and trace replay change no per-request work in the loop: their prompts are
+    made before the run, so their cost is the draw's, per prompt, beside the draw without.
+    With every feature off, the generator's ceiling is :func:`bench_generator_capacity`'s."""
+    tokens, rate = FEATURE_POINT
+    spec = openloop.LoadSpec(
+        duration_s=DISABLED_S if benchmark.disabled else FEATURE_TRIAL_S, seed=1
+    )
+    pairs = 1 if benchmark.disabled else FEATURE_PAIRS
+    features = (*STREAM_FEATURES, "conversation")
+    benchmark.group = "load generator: each feature against the plain stream"
+    points: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {f: [] for f in features}
+    cores: list[int | None] = []
+
+    def run_pairs() -> None:
+        with _one_core() as core:
+            cores.append(core)
+            for pair in range(pairs):
+                trial_spec = dataclasses.replace(spec, seed=spec.seed + pair)
+                for feature in features:
+                    first, second = ("plain", feature) if pair % 2 == 0 else (feature, "plain")
+                    a = _feature_trial(trial_spec, rate, tokens, first)
+                    b = _feature_trial(trial_spec, rate, tokens, second)
+                    points[feature].append((a, b) if first == "plain" else (b, a))
+
+    benchmark.pedantic(run_pairs, rounds=1, iterations=1)
+    figures = {}
+    correct = True
+    for feature, trials in points.items():
+        ratios = [_cpu_us_per_request(on) / _cpu_us_per_request(off) for off, on in trials]
+        for off, on in trials:
+            correct &= off["requests_failed"] == on["requests_failed"] == 0
+            correct &= on["requests_completed"] == on["requests_scheduled"]
+        figures[feature] = {
+            "cpu_per_request_vs_plain": statistics.median(ratios),
+            "cpu_us_per_request": statistics.median(_cpu_us_per_request(on) for _, on in trials),
+            "plain_cpu_us_per_request": statistics.median(
+                _cpu_us_per_request(off) for off, _ in trials
+            ),
+            "pair_ratios": ratios,
+        }
+    last = {f: trials[-1][1] for f, trials in points.items()}
+    # each feature did what it is for, in its last trial
+    correct &= last["reasoning"]["reasoning_tokens"] == last["reasoning"]["requests_completed"] * (
+        tokens // 4
+    )
+    correct &= last["tool-call"]["tool_calls"] == last["tool-call"]["requests_completed"]
+    correct &= set(last["token-ids"]["chunk_token_count"]) == {"token_ids"}
+    correct &= set(last["running-usage"]["chunk_token_count"]) == {"usage_deltas"}
+    correct &= (
+        last["conversation"]["conversations"]["turns_sent"]
+        == last["conversation"]["conversations"]["turns_planned"]
+    )
+    draws = {how: _draw_us_per_prompt(how) for how in ("none", "prefix", "trace")}
+    benchmark.extra_info.update(
+        target="null-api-features",
+        rate_rps=rate,
+        tokens_per_request=tokens,
+        concurrency=None,
+        pinned_core=cores[0],
+        pairs=pairs,
+        trial_s=spec.duration_s,
+        features=figures,
+        draw_us_per_prompt=draws,
+        load_average=metrics.machine()["load_average"],
+        correct=bool(correct),
+    )
+    assert correct, {f: (t[-1][1]["errors"]) for f, t in points.items()}
