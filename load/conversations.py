@@ -56,7 +56,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 
@@ -75,9 +75,7 @@ from .conversation_scripts import check_context as check_context
 from .conversation_scripts import read_conversations as read_conversations
 from .metrics import UNFINISHED, Recorder, RecordSink, RequestRecord
 from .prompt_sets import Prompt
-
-if TYPE_CHECKING:
-    from .openloop import StreamCheck
+from .stream_check import StreamCheck
 
 TurnEnded: TypeAlias = Callable[[int, int, int, "str | None", Any], None]
 """``(index, intended_ns, done_ns, error name or None, the stream's check or None)``."""

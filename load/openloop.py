@@ -48,6 +48,7 @@ from .attribution.session import PointAttribution
 from .attribution.split import PointSplit
 from .conversations import ConversationPoint, TurnEnded
 from .metrics import Histogram, Recorder, Slo, Window
+from .stream_check import StreamCheck as StreamCheck  # defined apart: conversations use it too
 
 now_ns: Final = time.monotonic_ns  # the clock of loop.time() and of the transports' stamps
 DEFAULT_DURATION_S: Final = 10.0
@@ -67,21 +68,6 @@ class Target(Protocol):
     def generate(self, request: Any, /) -> AsyncIterator[Any]: ...
 
     async def close(self) -> None: ...
-
-
-class StreamCheck(Protocol):
-    """Checks one stream as it arrives: :meth:`check` takes each item and returns the tokens
-    it carries; :meth:`finish`, after the last, raises if the stream is not whole and sets
-    ``output_tokens`` (which may differ from the sum of the counts: a server's usage) and
-    ``input_tokens``, and ``source`` says how the tokens were counted."""
-
-    output_tokens: int
-    input_tokens: int | None
-    source: str
-
-    def check(self, item: Any, /) -> int: ...
-
-    def finish(self, counted: int) -> None: ...
 
 
 class VerifiedStream:
