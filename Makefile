@@ -58,7 +58,7 @@ typecheck: $(STAMP) .typecheck/inferwire
 # module fixtures in one process): most tests wait on sockets and sleeps, so this halves the
 # wall time on the two cores of this machine.
 unit: $(STAMP)
-	$(PYTEST) tests -n 2 --dist loadfile
+	$(PYTEST) tests -n 2 --dist loadfile --durations=20
 
 # Every benchmark body once, untimed: a broken benchmark fails CI. Untimed, the bodies run in two
 # processes too (a file's servers in one: --dist loadfile).
