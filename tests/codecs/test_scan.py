@@ -363,13 +363,16 @@ def assert_agree(name: str, data: bytes, limits: tuple[int, int]) -> None:
     assert answers[0] == answers[1]
 
 
-@settings(deadline=None, max_examples=1000)
+# 400 examples each (1,000 took 45 s of the test command): the same two implementations are
+# also compared on prefixes of valid input and in the byte-loop build below, and the codecs'
+# decoders are fuzzed with coverage guidance in test_atheris
+@settings(deadline=None, max_examples=400)
 @given(data=JSON_BYTES, limits=LIMITS)
 def test_json_any_bytes(data: bytes, limits: tuple[int, int]) -> None:
     assert_agree("check_json", data, limits)
 
 
-@settings(deadline=None, max_examples=1000)
+@settings(deadline=None, max_examples=400)
 @given(data=MSGPACK_BYTES, limits=LIMITS)
 def test_msgpack_any_bytes(data: bytes, limits: tuple[int, int]) -> None:
     assert_agree("check_msgpack", data, limits)
