@@ -69,7 +69,7 @@ benchcheck: $(STAMP)
 # run changes nothing): h2load loads the HTTP/2 server; a C++ compiler builds the FlatBuffers
 # reader that flatc generates; valgrind counts the codecs' instructions (bench_instructions.py);
 # prometheus (the server and promtool) scrapes the servers in the live alert test and checks the
-# shipped rules (observe/prometheus/).
+# shipped rules (observe/prometheus/); curl --compressed decodes the compressed streams.
 # Needs root (a fresh machine here, and CI, are); elsewhere the tests that need a missing tool
 # skip and say which.
 sysdeps:
@@ -78,6 +78,7 @@ sysdeps:
 	command -v c++ >/dev/null || missing="$$missing g++"; \
 	command -v valgrind >/dev/null || missing="$$missing valgrind"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \

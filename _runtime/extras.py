@@ -20,10 +20,15 @@ EXTRAS: Final = {
     "grpc": ("grpcio", "grpc"),
     "grpc_health": ("grpcio-health-checking", "grpc"),
     "grpc_reflection": ("grpcio-reflection", "grpc"),
+    "grpclib": ("grpclib", "grpclib"),
     "h2": ("h2", "transports"),
     "httptools": ("httptools", "transports"),
     "prometheus_client": ("prometheus-client", "transports"),
     "trustme": ("trustme", "transports"),
+    "websockets": ("websockets", "transports"),
+    # Content-Encoding br and zstd (transports/compression.py)
+    "brotli": ("brotli", "transports"),
+    "zstandard": ("zstandard", "transports"),
     "uvloop": ("uvloop", "uvloop"),
     "zmq": ("pyzmq", "engine"),
     "pytest": ("pytest", "bench"),
@@ -34,6 +39,7 @@ EXTRAS: Final = {
     "matplotlib": ("matplotlib", "bench"),
     "uvicorn": ("uvicorn", "bench"),
     "hypercorn": ("hypercorn", "bench"),
+    "granian": ("granian", "bench"),
     "fastapi": ("fastapi", "bench"),
     "pydantic": ("pydantic", "bench"),
     "openai": ("openai", "bench"),
@@ -47,12 +53,13 @@ EXTRAS: Final = {
     "opentelemetry": ("opentelemetry-sdk", "trace"),
 }
 INCLUDES: Final = {
-    "bench": ("transports", "engine", "uvloop", "serving"),
+    "bench": ("transports", "engine", "uvloop", "serving", "grpclib"),
     "engine": (),
     "serving": (),
     "uvloop": (),
     "transports": ("grpc",),
     "grpc": (),
+    "grpclib": (),
     "tokenizer": (),
     "locust": ("bench",),
 }

@@ -19,6 +19,12 @@ installed), the client on the same kind.
   ``DECODE_MS`` per token; time to first token and mean inter-token gap of ``GenerateBatched``
   against ``Generate``, paired stream by stream. Target: no added latency (both ratios within
   the noise of 1.0; the bounds are in bench/report/grpc.py, which judges every target).
+* **grpclib beside grpcio** (``bench_grpclib_*``): the same service on grpclib
+  (:mod:`inferwire.transports.grpclib_transport`), each side in the same rotating rounds as
+  grpcio's: per message (``Generate``, beside our grpcio ``Generate`` and the bare grpcio
+  floor, and each library's client against the other's server, which tells whose end costs
+  what), per token (``GenerateBatched``, beside grpcio's and ``tcp``) and per unary call
+  (``Infer``, a small tensor). Findings, not targets: the report shows the ratios to grpcio.
 
 Every stream is checked against what the service produced (and the floor's messages against
 ours, byte for byte); a wrong one fails the benchmark. Each round of ``benchmark.pedantic`` is
@@ -37,6 +43,8 @@ from typing import Any, Final
 
 import grpc
 import grpc.aio
+import grpclib
+import numpy as np
 import pytest
 
 import inferwire.codecs as ic
@@ -56,6 +64,28 @@ PACED_PAIRS: Final = 21
 DECODE_MS: Final = 1.0
 PACED_TOKENS: Final = 64
 """A paced stream is cut to this many tokens: 63 gaps of DECODE_MS, ~65 ms a stream."""
+UNARY_CODECS: Final = ("orjson", "protobuf")
+"""The grpclib unary rows' codecs (``delta`` carries token streams only)."""
+CROSS: Final = {
+    # a client kind of the grpclib rows: (our client's transport, the server's kind)
+    "grpclib": ("grpclib", "grpclib"),
+    "grpclib-batched": ("grpclib", "grpclib"),
+    "grpclib-to-grpc": ("grpclib", "grpc"),
+    "grpc-to-grpclib": ("grpc", "grpclib"),
+}
+SMALL_REQUEST: Final = ic.InferRequest(
+    model="sim",
+    id="small",
+    inputs=(
+        ic.Tensor(
+            name="x",
+            datatype="FP32",
+            shape=(1, 16),
+            data=np.arange(16, dtype=np.float32).reshape(1, 16),
+        ),
+    ),
+)
+"""bench_transports.py's small unary call."""
 MIN_SIDE_S: Final = 0.005
 """Each side of an unpaced round runs its stream as many times as take this long (timed per
 stream): a tcp stream of a few hundred microseconds beside a gRPC one of tens of
@@ -84,7 +114,8 @@ class _Env:
         return process
 
     def process(self, kind: str, codec: str) -> server_process.ServerProcess:
-        """``kind``: ``grpc``, ``tcp``, ``grpc-paced`` (DECODE_MS a token) or ``floor``."""
+        """``kind``: ``grpc``, ``grpclib``, ``tcp``, ``grpc-paced`` (DECODE_MS a token) or
+        ``floor``."""
         key = (kind, codec)
         if key not in self.processes:
             loop = ("--loop", self.loop_kind)
@@ -109,12 +140,15 @@ class _Env:
 
     def client(self, kind: str, codec: str) -> Any:
         """Our client of ``kind`` (``tcp``, ``grpc``, ``grpc-batched``, and both on the paced
-        server: ``grpc-paced``, ``grpc-paced-batched``), or the floor's two bare calls (its
-        prebuilt messages, and the same encoded as they stream)."""
+        server: ``grpc-paced``, ``grpc-paced-batched``; the grpclib ones of ``CROSS``), or the
+        floor's two bare calls (its prebuilt messages, and the same encoded as they stream)."""
         key = (kind, codec)
         if key not in self.clients:
             batched = kind.endswith("-batched")
-            server_kind = kind.removesuffix("-batched")
+            transport, server_kind = CROSS.get(kind) or (
+                "tcp" if kind == "tcp" else "grpc",
+                kind.removesuffix("-batched"),
+            )
             process = self.process(server_kind, codec)
 
             async def make() -> Any:
@@ -125,7 +159,6 @@ class _Env:
                         channel.unary_stream(grpc_floor.MESSAGES),
                         channel.unary_stream(grpc_floor.ENCODED),
                     )
-                transport = "tcp" if kind == "tcp" else "grpc"
                 options: dict[str, Any] = {"batched": True} if batched else {}
                 return it.connect(transport, process.address, codec=codec, **options)
 
@@ -389,3 +422,139 @@ def bench_grpc_paced(benchmark: Any, grpc_env: _Env, codec: str) -> None:
         correct=all(correct.values()),
     )
     assert benchmark.extra_info["correct"], f"grpc paced {codec}: {correct}"
+
+
+# -- grpclib beside grpcio ----------------------------------------------------------------
+
+
+def _versions() -> dict[str, str]:
+    return {"grpcio": grpc.__version__, "grpclib": grpclib.__version__}
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def bench_grpclib_floor(benchmark: Any, grpc_env: _Env, codec: str) -> None:
+    """``Generate`` on grpclib per message, beside ours on grpcio and the bare grpcio floor,
+    and each library's client on the other's server, in the same rounds."""
+    benchmark.group = "grpclib per message vs grpcio"
+    request = GenerateRequest(workload=WORKLOAD)
+    expected = _expected(grpc_env, request)
+    prebuilt = grpc_floor.messages(ic.get(codec, extensions=True), expected)
+    floor_call, _ = grpc_env.client("floor", codec)
+    sides = ("grpclib", "grpc", "grpclib-to-grpc", "grpc-to-grpclib")
+    rounds = _Rounds(
+        grpc_env,
+        {
+            **{side: _chunks_of(grpc_env.client(side, codec), request) for side in sides},
+            "floor": _messages_of(floor_call),
+        },
+    )
+    quick = benchmark.disabled
+    rounds.warm(0.0 if quick else MIN_SIDE_S)
+    benchmark.pedantic(rounds.round, rounds=1 if quick else PAIRS)
+    correct = {side.replace("-", "_"): rounds.outputs[side] == expected for side in sides}
+    correct["floor"] = rounds.outputs["floor"] == prebuilt
+    messages = len(prebuilt)
+    tokens = sum(len(c.token_ids) for c in expected)
+
+    def us_per_message(side: str) -> float:
+        return rounds.median_s(side) / messages * 1e6
+
+    benchmark.extra_info.update(
+        codec=codec,
+        workload=WORKLOAD,
+        op="grpclib-floor",
+        loop=grpc_env.loop_kind,
+        versions=_versions(),
+        messages=messages,
+        tokens=tokens,
+        message_bytes=sum(map(len, prebuilt)) / messages,
+        floor_us_per_message=us_per_message("floor"),
+        grpcio_us_per_message=us_per_message("grpc"),
+        grpclib_us_per_message=us_per_message("grpclib"),
+        grpclib_client_us_per_message=us_per_message("grpclib-to-grpc"),
+        grpclib_server_us_per_message=us_per_message("grpc-to-grpclib"),
+        vs_grpcio=rounds.ratio("grpclib", "grpc"),
+        vs_floor=rounds.ratio("grpclib", "floor"),
+        grpcio_vs_floor=rounds.ratio("grpc", "floor"),
+        client_vs_grpcio=rounds.ratio("grpclib-to-grpc", "grpc"),
+        server_vs_grpcio=rounds.ratio("grpc-to-grpclib", "grpc"),
+        pairs=len(rounds.times_s["grpc"]),
+        checks=correct,
+        correct=all(correct.values()),
+    )
+    assert benchmark.extra_info["correct"], f"grpclib floor {codec}: {correct}"
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def bench_grpclib_batched(benchmark: Any, grpc_env: _Env, codec: str) -> None:
+    """``GenerateBatched`` on grpclib per token, beside grpcio's and ``tcp``, unpaced."""
+    benchmark.group = "grpclib per token vs grpcio"
+    request = GenerateRequest(workload=WORKLOAD)
+    expected = _expected(grpc_env, request)
+    tokens = sum(len(c.token_ids) for c in expected)
+    sides = ("grpclib-batched", "grpc-batched", "tcp")
+    rounds = _Rounds(
+        grpc_env, {side: _chunks_of(grpc_env.client(side, codec), request) for side in sides}
+    )
+    quick = benchmark.disabled
+    rounds.warm(0.0 if quick else MIN_SIDE_S)
+    benchmark.pedantic(rounds.round, rounds=1 if quick else PAIRS)
+    correct = {side.replace("-", "_"): rounds.outputs[side] == expected for side in sides}
+    benchmark.extra_info.update(
+        codec=codec,
+        workload=WORKLOAD,
+        op="grpclib-batched",
+        loop=grpc_env.loop_kind,
+        versions=_versions(),
+        tokens=tokens,
+        chunks=len(expected),
+        tcp_us_per_token=rounds.median_s("tcp") / tokens * 1e6,
+        grpcio_us_per_token=rounds.median_s("grpc-batched") / tokens * 1e6,
+        grpclib_us_per_token=rounds.median_s("grpclib-batched") / tokens * 1e6,
+        vs_grpcio=rounds.ratio("grpclib-batched", "grpc-batched"),
+        vs_tcp=rounds.ratio("grpclib-batched", "tcp"),
+        grpcio_vs_tcp=rounds.ratio("grpc-batched", "tcp"),
+        pairs=len(rounds.times_s["tcp"]),
+        checks=correct,
+        correct=all(correct.values()),
+    )
+    assert benchmark.extra_info["correct"], f"grpclib batched {codec}: {correct}"
+
+
+def _infer_of(client: it.Client) -> Callable[[], Coroutine[Any, Any, Any]]:
+    async def go() -> ic.InferResponse:
+        return await client.infer(SMALL_REQUEST)
+
+    return go
+
+
+@pytest.mark.parametrize("codec", UNARY_CODECS)
+def bench_grpclib_unary(benchmark: Any, grpc_env: _Env, codec: str) -> None:
+    """``Infer`` (a small tensor) on grpclib per call, beside grpcio, and each library's
+    client on the other's server."""
+    benchmark.group = "grpclib per call vs grpcio"
+    expected = grpc_env.service.infer(SMALL_REQUEST)
+    sides = ("grpclib", "grpc", "grpclib-to-grpc", "grpc-to-grpclib")
+    rounds = _Rounds(grpc_env, {side: _infer_of(grpc_env.client(side, codec)) for side in sides})
+    quick = benchmark.disabled
+    rounds.warm(0.0 if quick else MIN_SIDE_S)
+    benchmark.pedantic(rounds.round, rounds=1 if quick else PAIRS)
+    correct = {side.replace("-", "_"): rounds.outputs[side] == expected for side in sides}
+    benchmark.extra_info.update(
+        codec=codec,
+        op="grpclib-unary",
+        loop=grpc_env.loop_kind,
+        versions=_versions(),
+        request_bytes=len(ic.get(codec, extensions=True).encode(SMALL_REQUEST)),
+        grpcio_us_per_call=rounds.median_s("grpc") * 1e6,
+        grpclib_us_per_call=rounds.median_s("grpclib") * 1e6,
+        grpclib_client_us_per_call=rounds.median_s("grpclib-to-grpc") * 1e6,
+        grpclib_server_us_per_call=rounds.median_s("grpc-to-grpclib") * 1e6,
+        vs_grpcio=rounds.ratio("grpclib", "grpc"),
+        client_vs_grpcio=rounds.ratio("grpclib-to-grpc", "grpc"),
+        server_vs_grpcio=rounds.ratio("grpc-to-grpclib", "grpc"),
+        pairs=len(rounds.times_s["grpc"]),
+        checks=correct,
+        correct=all(correct.values()),
+    )
+    assert benchmark.extra_info["correct"], f"grpclib unary {codec}: {correct}"

@@ -51,6 +51,12 @@ UNARY_CALLS = 20
 STREAM_CODECS = ("orjson", "protobuf", "delta")
 UNARY_CODECS = ("orjson", "protobuf", "msgpack")
 TRANSPORTS = it.TRANSPORTS
+WEBSOCKET = "websocket"
+"""Measured beside ``TRANSPORTS`` but not one of them (``it.EXTRA_TRANSPORTS``): its rows are
+named explicitly, so the others' rows are those of a run without it. A stream is a connection
+of its own (the server closes it after ``[DONE]``): its handshake is in the per-token figure;
+``websocket-new-connection`` is the unary round trip on a fresh connection each (the
+connection setup), as ``http1-new-connection`` is."""
 
 SMALL_REQUEST = ic.InferRequest(
     model="sim",
@@ -264,7 +270,10 @@ def _tcp_floors(
 
 
 @pytest.mark.parametrize("codec", UNARY_CODECS)
-@pytest.mark.parametrize("transport", [*TRANSPORTS, "http1-new-connection"])
+@pytest.mark.parametrize(
+    "transport",
+    [*TRANSPORTS, "http1-new-connection", WEBSOCKET, f"{WEBSOCKET}-new-connection"],
+)
 def bench_unary(benchmark: Any, bench_env: _Bench, transport: str, codec: str) -> None:
     """``UNARY_CALLS`` small infer round trips in turn on a kept-alive connection (or a new
     connection per request for ``http1-new-connection``)."""
@@ -299,7 +308,7 @@ def bench_unary(benchmark: Any, bench_env: _Bench, transport: str, codec: str) -
 
 
 @pytest.mark.parametrize("codec", STREAM_CODECS)
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", [*TRANSPORTS, WEBSOCKET])
 def bench_stream(benchmark: Any, bench_env: _Bench, transport: str, codec: str) -> None:
     """One whole ``stream-256`` response, request to end marker, no pacing."""
     client = bench_env.client(transport, codec)

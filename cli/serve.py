@@ -84,7 +84,10 @@ def add_commands(commands: Commands) -> None:
         epilog="workloads a request can name: " + ", ".join(workloads.names("stream")),
     )
     srv.add_argument(
-        "--transport", required=True, choices=it.TRANSPORTS, help="the protocol to serve"
+        "--transport",
+        required=True,
+        choices=(*it.TRANSPORTS, *it.EXTRA_TRANSPORTS),
+        help="the protocol to serve",
     )
     srv.add_argument(
         "--codec", default=defaults.codec, choices=ic.names(), help="how token chunks become bytes"
@@ -172,6 +175,14 @@ def add_commands(commands: Commands) -> None:
         help="write one JSON line per OpenAI answer (http1, http2) with the request's raw "
         "time.monotonic_ns() stamps, from the frontend's receipt through the engine's to the "
         "last chunk written (the file is created or emptied)",
+    )
+    srv.add_argument(
+        "--compress",
+        choices=serve.COMPRESS_CHOICES,
+        default=defaults.compress,
+        help="compress answers: auto negotiates Accept-Encoding on http1/http2 (zstd, gzip, br; "
+        "streams flushed per event) and gzips grpc's; a coding offers only it; off, as vLLM "
+        "serves",
     )
     add_loop_argument(srv)
     add_trace_arguments(srv, "each stream's stages")

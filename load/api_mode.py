@@ -142,6 +142,7 @@ def endpoint_of(args: argparse.Namespace, url: str) -> Endpoint:
             max_connections=args.max_connections,
             embeddings_batch=args.embeddings_batch,
             embeddings_format=args.embeddings_format,
+            accept_encoding=getattr(args, "accept_encoding", None),
         )
     except ValueError as exc:
         raise CommandError(str(exc)) from None
@@ -234,6 +235,11 @@ class ApiSweep:
             "max_tokens": self.endpoint.max_tokens,
             "max_connections": self.endpoint.max_connections,
             **self._embeddings_parameters(),
+            **(
+                {"accept_encoding": self.endpoint.accept_encoding}
+                if self.endpoint.accept_encoding is not None
+                else {}
+            ),
             "prompts": self.prompts.name,
             "tokenizer": str(self.args.tokenizer) if self.args.tokenizer else None,
             "target": self.description,

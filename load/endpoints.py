@@ -22,6 +22,10 @@ kserve-v2-grpc         ``inference.GRPCInferenceService/ModelStreamInfer``: inpu
                        ``triton_enable_empty_final_response`` so the end is marked
 =====================  =====================================================================
 
+With ``--accept-encoding`` (``Endpoint.accept_encoding``) every HTTP request asks for compressed
+answers, which the pool decodes as they arrive, bounded (:mod:`inferwire.transports.http1.pool`);
+a compressed answer nobody asked for is decoded too.
+
 The extra body fields the user gives (``--extra-body``, e.g. ``{"ignore_eos": true}``) are
 merged into the JSON body, or into ``parameters`` (KServe). The URL is the server's root
 (``http://host:8000``), its path a prefix of every route. ``describe()`` asks the server what
@@ -42,6 +46,7 @@ import orjson
 from inferwire.codecs.framing import SseDecoder
 from inferwire.transports import ProtocolError, StreamTruncatedError
 from inferwire.transports.common import map_exceptions
+from inferwire.transports.compression import check_accept_encoding
 from inferwire.transports.http1.pool import HttpPool, Origin, PooledResponse
 from inferwire.transports.timing import TRACEPARENT, StreamTiming
 
@@ -100,8 +105,12 @@ class Endpoint:
     """Inputs in each ``openai-embeddings`` request."""
     embeddings_format: str = "float"
     """The ``encoding_format`` asked of ``openai-embeddings``."""
+    accept_encoding: str | None = None
+    """The ``Accept-Encoding`` of every HTTP request (``--accept-encoding``; None: none)."""
 
     def __post_init__(self) -> None:
+        if self.accept_encoding is not None:
+            check_accept_encoding(self.accept_encoding)
         if self.api not in APIS:
             raise ValueError(f"--api must be one of {', '.join(APIS)}")
         if self.embeddings_batch < 1:
@@ -147,9 +156,12 @@ class _HttpTarget:
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         origin = Origin.parse(endpoint.url)
+        headers = endpoint.headers
+        if endpoint.accept_encoding is not None:
+            headers = (*headers, ("accept-encoding", endpoint.accept_encoding))
         self.pool = HttpPool(
             origin,
-            headers=endpoint.headers,
+            headers=headers,
             ssl_context=endpoint.ssl_context() if origin.scheme == "https" else None,
             max_connections=endpoint.max_connections,
             timeout_s=endpoint.timeout_s,

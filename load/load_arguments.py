@@ -82,6 +82,12 @@ def add_load_arguments(load: argparse.ArgumentParser) -> None:
     )
     where.add_argument("--spawn", action="store_true", help="start `inferwire serve` for the run")
     api_mode.add_api_arguments(load, where)
+    load.add_argument(
+        "--accept-encoding",
+        metavar="CODINGS",
+        help="with --api: ask for compressed answers, e.g. 'zstd, gzip, br' (sent as the "
+        "Accept-Encoding header; answers are decoded as they arrive, bounded; default: none)",
+    )
     add_workload_arguments(load)
     load.add_argument(
         "--server-pid",

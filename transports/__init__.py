@@ -9,7 +9,8 @@ all serving the same simulated inference service.
 Transports: ``tcp`` (the floor), ``http1``, ``http2``, ``grpc``. Errors derive from
 :class:`TransportError`. Each transport's module is imported when first asked for, so a base
 install has ``tcp``; the others need ``inferwire[transports]`` (``grpc`` alone:
-``inferwire[grpc]``), and without it :class:`MissingExtraError` says so.
+``inferwire[grpc]``), and without it :class:`MissingExtraError` says so. Beside them,
+``EXTRA_TRANSPORTS``: ``grpclib`` (the same gRPC service on grpclib, ``inferwire[grpclib]``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .tls import ClientTls, ServerTls, make_test_certificates
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "EXTRA_TRANSPORTS",
     "TRANSPORTS",
     "BadRequestError",
     "CancelledByPeerError",
@@ -77,15 +79,22 @@ _CLASSES: Final = {
     "grpc": ("grpc_transport", "GrpcServer", "GrpcClient"),
 }
 TRANSPORTS: Final = tuple(_CLASSES)
+_EXTRA_CLASSES: Final = {
+    "grpclib": ("grpclib_transport", "GrpclibServer", "GrpclibClient"),
+    "websocket": ("websocket", "WebSocketServer", "WebSocketClient"),
+}
+EXTRA_TRANSPORTS: Final = tuple(_EXTRA_CLASSES)
+"""Transports that :func:`connect`, :func:`server_class` and ``inferwire serve`` know but
+``TRANSPORTS`` leaves out: the suites and tests that run over every one of ``TRANSPORTS`` do
+not run over these (each has its own tests and benchmark rows)."""
 
 
 def _lookup(transport: str, index: int) -> Any:
     try:
-        module, *names = _CLASSES[transport]
+        module, *names = _CLASSES.get(transport) or _EXTRA_CLASSES[transport]
     except KeyError:
-        raise ValueError(
-            f"unknown transport {transport!r}; choose from {', '.join(TRANSPORTS)}"
-        ) from None
+        known = ", ".join((*TRANSPORTS, *EXTRA_TRANSPORTS))
+        raise ValueError(f"unknown transport {transport!r}; choose from {known}") from None
     with needs_extras(f"the {transport} transport"):
         imported = importlib.import_module(f"{__name__}.{module}")
     return getattr(imported, names[index])

@@ -21,6 +21,13 @@ through generic (bytes in, bytes out) handlers and calls:
 * ``Infer`` carries the codec's ``InferRequest`` and ``InferResponse``;
 * ``Session`` wraps each in the schema's envelopes (:mod:`inferwire.transports.grpc_envelope`).
 
+Compression (``compression="gzip"`` or ``"deflate"`` on :class:`GrpcServer` and
+:class:`GrpcClient`): grpcio's own message compression (gRPC's doc/compression.md). The server's
+compresses its answers for a client that accepts the coding (grpcio's do, all of them), the
+client's its requests; either end decodes whatever the other sends, and grpcio bounds the
+decoded message by ``grpc.max_receive_message_length`` (the limits' ``max_message_bytes``), so
+a bomb is ``RESOURCE_EXHAUSTED`` (:class:`MessageTooLargeError`), never a decoded gigabyte.
+
 The client decodes with the codec, so every decode limit of the codec holds on gRPC as on the
 other transports. The server decodes requests inside its handlers (not in gRPC's
 deserializer), so a malformed request is ``INVALID_ARGUMENT`` rather than gRPC's ``INTERNAL``.
@@ -84,6 +91,19 @@ def _path(method: str) -> str:
     return f"/{SERVICE}/{method}"
 
 
+GRPC_CODINGS: Final = ("gzip", "deflate")
+"""The message codings grpcio implements (and ``identity``)."""
+
+
+def grpc_compression(name: str | None) -> grpc.Compression:
+    """grpcio's value for a coding's name (None: no compression)."""
+    if name is None:
+        return grpc.Compression.NoCompression
+    if name not in GRPC_CODINGS:
+        raise ValueError(f"grpc compression must be one of {', '.join(GRPC_CODINGS)}, not {name!r}")
+    return grpc.Compression.Gzip if name == "gzip" else grpc.Compression.Deflate
+
+
 def _channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -124,17 +144,21 @@ def _request_to_pb(request: GenerateRequest) -> pb.GenerateRequest:
 
 
 class GrpcServer(Server):
+    """``compression``: ``"gzip"`` or ``"deflate"`` for the answers' messages (None: none)."""
+
     transport: ClassVar[str] = "grpc"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: object, compression: str | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.compression = grpc_compression(compression)
         self._grpc: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
         self._standard: StandardServices | None = None
 
     async def start(self) -> tuple[str, int]:
         server = grpc.aio.server(
-            options=[*_channel_options(self.limits.max_message_bytes), ("grpc.so_reuseport", 0)]
+            options=[*_channel_options(self.limits.max_message_bytes), ("grpc.so_reuseport", 0)],
+            compression=self.compression,
         )
         handlers = {
             "Infer": grpc.unary_unary_rpc_method_handler(self._infer),
@@ -450,7 +474,9 @@ def _mapped(what: str, stream: ChunkReader | None = None) -> Iterator[None]:
 class GrpcClient(Client):
     """One channel, reused by every call. ``deadline_s`` bounds each call (None: no deadline).
     ``batched``: :meth:`generate` calls ``GenerateBatched`` (one message per batch of due
-    chunks) rather than ``Generate`` (one per chunk)."""
+    chunks) rather than ``Generate`` (one per chunk). ``compression``: ``"gzip"`` or
+    ``"deflate"`` for the requests' messages (None: none); answers are decoded whatever they
+    are in."""
 
     transport: ClassVar[str] = "grpc"
 
@@ -459,20 +485,24 @@ class GrpcClient(Client):
         *args: object,
         deadline_s: float | None = None,
         batched: bool = False,
+        compression: str | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         if type(batched) is not bool:
             raise ValueError("batched must be True or False")
+        coding = grpc_compression(compression)
         self.deadline_s = deadline_s
         self.batched = batched
         target = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         options = [*_channel_options(self.limits.max_message_bytes), *_RECONNECT_OPTIONS]
         if self.tls is not None:
             credentials = grpc.ssl_channel_credentials(root_certificates=self.tls.ca_pem)
-            self.channel = grpc.aio.secure_channel(target, credentials, options=options)
+            self.channel = grpc.aio.secure_channel(
+                target, credentials, options=options, compression=coding
+            )
         else:
-            self.channel = grpc.aio.insecure_channel(target, options=options)
+            self.channel = grpc.aio.insecure_channel(target, options=options, compression=coding)
         self._infer_bytes = self.channel.unary_unary(_path("Infer"))
         self._method = "GenerateBatched" if batched else "Generate"
         self._what = f"grpc {self._method}"

@@ -35,9 +35,11 @@ import orjson
 import inferwire.codecs as ic
 from inferwire.codecs.schema_registry import SchemaRegistry
 
+from .compression import DECODABLE, Compression, ContentEncodingError, content_coding
+from .errors import MessageTooLargeError
 from .http_response import JSON as _JSON
 from .http_response import Response, error
-from .kserve_http import KServeHttp
+from .kserve_http import KServeHttp, kserve_error
 from .metrics import SCRAPE_PATH, exposition
 from .openai_api import OpenAIApi, OpenAIOptions
 from .service import SimulatedService
@@ -67,11 +69,15 @@ class HttpApp:
         metrics: ServerMetrics | None = None,
         tracer: Tracer | None = None,
         openai: OpenAIOptions | None = None,
+        compression: Compression | None = None,
     ) -> None:
         self.service = service
         self.codec = codec
         self.registry = registry
         self.metrics = metrics
+        self.compression = compression
+        """Content codings (``serve --compress``): of the answers, and of request bodies, which
+        are decoded before any route reads them; None: none (a route refuses a coded body)."""
         self.openai = OpenAIApi(service, codec, metrics=metrics, tracer=tracer, options=openai)
         self.kserve = KServeHttp(service, codec, metrics=metrics)
 
@@ -84,7 +90,21 @@ class HttpApp:
         received_ns: int = 0,
     ) -> Response:
         """The answer to one request; ``headers`` has lower-case names. ``received_ns``: when
-        the whole request had arrived (for a timed stream's stamps, and the metrics)."""
+        the whole request had arrived (for a timed stream's stamps, and the metrics). With
+        :attr:`compression`, the request's body is decoded and the answer encoded as
+        ``Content-Encoding`` and ``Accept-Encoding`` say (:mod:`.compression`)."""
+        response = self._handle(method, path, headers, body, received_ns)
+        compression = self.compression
+        return response if compression is None else compression.encode(response, headers)
+
+    def _handle(
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        received_ns: int,
+    ) -> Response:
         metrics = self.metrics
         if metrics is None:
             return self._route(method, path, headers, body, received_ns)
@@ -104,6 +124,12 @@ class HttpApp:
     def _route(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes, received_ns: int
     ) -> Response:
+        if self.compression is not None and "content-encoding" in headers:
+            decoded = self._decoded_body(path, headers, body)
+            if isinstance(decoded, Response):
+                return decoded
+            body = decoded
+            headers = {k: v for k, v in headers.items() if k != "content-encoding"}
         path = path.split("?", 1)[0]
         if path.startswith("/v1/"):
             return self._openai(method, path, headers, body, received_ns)
@@ -140,6 +166,28 @@ class HttpApp:
                 return error(405, f"{path} takes GET, not {method}")
             return self.openai.model(match.group(1)) if match else self.openai.models()
         return error(404, f"no route {method} {path}")
+
+    def _decoded_body(self, path: str, headers: Mapping[str, str], body: bytes) -> bytes | Response:
+        """A request body in a content coding, decoded (bounded by the request limit), or the
+        refusal, in the route's error shape: 415 for a coding not decoded, with the
+        ``Accept-Encoding`` that says which are (RFC 9110, 12.5.3), 413 past a limit, 400 for
+        bytes that do not decode."""
+        assert self.compression is not None
+        refuse = kserve_error if path == "/v2" or path.startswith("/v2/") else error
+        try:
+            coding = content_coding(headers["content-encoding"])
+            if coding is None:
+                return body
+        except ContentEncodingError as exc:
+            refusal = refuse(415, str(exc))
+            refusal.headers.append(("accept-encoding", ", ".join(DECODABLE)))
+            return refusal
+        try:
+            return self.compression.decode_request(coding, body)
+        except MessageTooLargeError as exc:
+            return refuse(413, str(exc))
+        except ContentEncodingError as exc:
+            return refuse(400, str(exc))
 
     def _schema(self, schema_id: int) -> Response:
         assert self.registry is not None

@@ -17,6 +17,11 @@ The OpenAI API (``http1``, ``http2``) takes vLLM's ``--enable-per-request-metric
 inferwire's ``--stamps-file PATH`` (:mod:`inferwire.transports.openai_api`). A frontend
 (``--engine``) asks the engine for each request's stamps whenever something reads them: the
 metrics, a trace, the per-request metrics or the stamps file.
+
+``--compress`` (:data:`COMPRESS_CHOICES`, off by default): ``auto`` answers http1 and http2
+requests in the coding their ``Accept-Encoding`` weighs highest (zstd, gzip, br; streams flushed
+per event, :mod:`inferwire.transports.compression`) and decodes compressed request bodies;
+on grpc it compresses the answers' messages with gzip.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from inferwire._runtime.extras import needs_extras
 from inferwire.codecs.delta_codec import default_registry
 from inferwire.workloads import token_stream_source
 
+from .compression import CODINGS, Compression
 from .openai_api import OpenAIOptions
 from .proxy import DelayProxy
 from .request_stamps import StampsFile
@@ -87,10 +93,17 @@ class ServeOptions:
     trace_endpoint: str | None = None
     enable_per_request_metrics: bool = False
     stamps_file: str | None = None
+    compress: str = "off"
+    """``--compress``: :data:`COMPRESS_CHOICES` (:func:`_compression` says what each is)."""
 
 
 OPENAI_TRANSPORTS: Final = ("http1", "http2")
 """The transports that serve the OpenAI API."""
+COMPRESS_CHOICES: Final = ("off", "auto", "zstd", "br", "gzip", "deflate")
+"""``--compress``: off by default, as vLLM, SGLang and TGI serve (a frontend's CPU is what
+limits it, and on loopback or a LAN the bytes cost less than compressing them); ``auto``
+negotiates ``Accept-Encoding`` on http1/http2 (zstd, gzip, br) and gzips gRPC answers; a coding
+offers only it (gRPC: gzip or deflate)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,9 +182,13 @@ async def _serve(args: ServeOptions) -> None:
     else:
         stamped = bool(metrics or tracer or stamps_file or args.enable_per_request_metrics)
         engine, service = await _engine_service(args, want_stamps=stamped)
-    options: dict[str, object] = {}
+    options: dict[str, object] = _compression(args)
     if args.transport in OPENAI_TRANSPORTS:
         options["registry"] = default_registry()
+        options["openai"] = OpenAIOptions(
+            per_request_metrics=args.enable_per_request_metrics, stamps_file=stamps_file
+        )
+    if args.transport == "websocket":  # the OpenAI chat route, over a WebSocket
         options["openai"] = OpenAIOptions(
             per_request_metrics=args.enable_per_request_metrics, stamps_file=stamps_file
         )
@@ -229,11 +246,33 @@ def _check_openai_arguments(args: ServeOptions) -> None:
         )
         if value
     ]
-    if given and args.transport not in OPENAI_TRANSPORTS:
+    serving = (*OPENAI_TRANSPORTS, "websocket")
+    if given and args.transport not in serving:
         raise CommandError(
             f"{given[0]} is for the OpenAI API, which --transport "
-            f"{' and '.join(OPENAI_TRANSPORTS)} serve, not {args.transport}"
+            f"{', '.join(serving[:-1])} and {serving[-1]} serve, not {args.transport}"
         )
+
+
+def _compression(args: ServeOptions) -> dict[str, object]:
+    """The server's ``compression`` option for ``--compress`` (nothing when off)."""
+    choice = args.compress
+    if choice == "off":
+        return {}
+    if args.transport in OPENAI_TRANSPORTS:
+        if choice == "deflate":
+            raise CommandError(
+                "--compress deflate is for grpc; HTTP answers are zstd, gzip or br (deflate's "
+                "two readings, zlib or raw, make it the one coding clients disagree on)"
+            )
+        codings = CODINGS if choice == "auto" else (choice,)
+        limit = args.max_message_bytes
+        return {"compression": Compression(codings=codings, max_request_bytes=limit)}
+    if args.transport == "grpc":
+        if choice not in ("auto", "gzip", "deflate"):
+            raise CommandError(f"--compress {choice}: grpc compresses with gzip or deflate")
+        return {"compression": "gzip" if choice == "auto" else choice}
+    raise CommandError(f"--compress is for http1, http2 and grpc, not {args.transport}")
 
 
 def _stamps_file(path: str | None) -> StampsFile | None:

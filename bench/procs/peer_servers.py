@@ -16,7 +16,17 @@ only the HTTP stack differs. It runs as users deploy it:
   ``worker_class="uvloop"`` runs ``worker_serve`` in a loop from ``uvloop.new_event_loop``;
   ``hypercorn.asyncio.serve``, used here, takes the loop it is called in, which is made the
   same way). Hypercorn reads the connection preface ``PRI * HTTP/2.0`` on its HTTP/1.1 port and
-  switches to h2, so no TLS is needed.
+  switches to h2, so no TLS is needed;
+* granian (written against 2.8.9): its HTTP/1.1 or its HTTP/2 (h2c, prior knowledge), both
+  Rust (hyper on tokio), in front of the same ASGI app, run by the class its command runs
+  (``granian.server.Server``) with the settings of
+  ``granian --interface asgi --http 1|2 --workers 1 --loop uvloop --log-level warning``
+  (``--loop``: the run's, below), everything else its defaults (one runtime thread in its
+  multi-threaded runtime mode, asyncio tasks, websockets on for HTTP/1.1, access log off; its
+  logs go to stderr). Like the command it is two processes: this one, which reserves the port
+  and watches, and one worker it forks, which binds and serves; a benchmark counts the CPU of
+  both (every thread of each). The worker announces the address once it accepts connections,
+  with the loop it made, and ends with this process, however that ends.
 
 ``--loop`` (default: ``auto``, uvloop when installed) picks the loop, so the peers run on the
 same loop as the inferwire server they are compared with
@@ -27,6 +37,7 @@ Response headers are the stacks' own defaults (``date``, ``server``, Starlette's
 
     python -m inferwire.bench.procs.peer_servers --server uvicorn --codec orjson --port 0
     python -m inferwire.bench.procs.peer_servers --server hypercorn --codec orjson --port 0 --http2
+    python -m inferwire.bench.procs.peer_servers --server granian --codec orjson --port 0 --http2
 
 print ``listening on HOST:PORT loop=KIND`` first, like ``inferwire serve``, and stop on SIGTERM
 or SIGINT. :func:`peer` is the :class:`~inferwire.transports.server_process.ServerProcess` for one.
@@ -37,17 +48,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
+import functools
+import os
 import signal
 import socket
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 import inferwire.codecs as ic
 import inferwire.transports as it
 from inferwire._runtime import loops
+from inferwire._runtime.extras import needs_extras
 from inferwire.serving import error_body
 from inferwire.transports import server_process
 from inferwire.transports.openai_api import ApiError, parse_request
@@ -56,11 +73,28 @@ from inferwire.workloads import token_stream_source
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
-PEERS: Final = ("uvicorn", "hypercorn")
+PEERS: Final = ("uvicorn", "hypercorn", "granian")
+HTTP2_PEERS: Final = ("hypercorn", "granian")
+"""The peers that serve HTTP/2 here (``--http2``)."""
 _BACKLOG: Final = 1024
 """Backlog of the socket we bind, until the server takes it over and listens with its own:
 a client that connects as soon as the address is printed waits here, not refused."""
 _MISSING: Final = "the peer servers need the bench extra: pip install 'inferwire[bench]'"
+ACCEPT_TIMEOUT_S: Final = 60.0
+"""How long granian's worker may take to accept a first connection before it gives up
+announcing (the start timeout of :class:`~inferwire._runtime.child.ChildProcess`)."""
+_GRANIAN_LOGGING: Final[dict[str, Any]] = {
+    # granian's own configuration with its two handlers moved from stdout to stderr: stdout
+    # carries the announcement alone
+    "handlers": {
+        name: {
+            "formatter": formatter,
+            "class": "logging.StreamHandler",
+            "stream": "ext://sys.stderr",
+        }
+        for name, formatter in (("console", "generic"), ("access", "access"))
+    }
+}
 
 
 def make_app(service: it.SimulatedService, codec: ic.Codec) -> Starlette:
@@ -95,6 +129,11 @@ def make_app(service: it.SimulatedService, codec: ic.Codec) -> Starlette:
     return Starlette(routes=routes)
 
 
+def _app(codec: str, prefill_s: float, decode_s: float) -> Starlette:
+    service = it.SimulatedService(token_stream_source, prefill_s=prefill_s, decode_s=decode_s)
+    return make_app(service, ic.get(codec, extensions=True))
+
+
 async def _frames(
     service: it.SimulatedService, codec: ic.Codec, stream: it.TokenStream
 ) -> AsyncIterator[bytes]:
@@ -118,8 +157,12 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def _announce(sock: socket.socket) -> None:
     host, port = sock.getsockname()[:2]
+    print(_announcement(host, port, loops.running()), flush=True)
+
+
+def _announcement(host: str, port: int, loop: str) -> str:
     authority = f"[{host}]" if ":" in host else host
-    print(f"listening on {authority}:{port} loop={loops.running()}", flush=True)
+    return f"listening on {authority}:{port} loop={loop}"
 
 
 def _stop_on_signals(stop: asyncio.Event) -> None:
@@ -190,6 +233,96 @@ async def _serve_hypercorn(app: Starlette, sock: socket.socket) -> None:
     await serve(app, config, shutdown_trigger=stop.wait, mode="asgi")  # type: ignore[arg-type]
 
 
+def _reserve(host: str, port: int) -> socket.socket:
+    """A bound socket that is not listening, with ``SO_REUSEPORT``: granian binds its listener
+    itself (on Linux in its worker, with ``SO_REUSEPORT``) and cannot adopt ours as uvicorn and
+    Hypercorn do, so this holds the port until granian binds it beside, and after, without ever
+    taking a connection (the kernel hands connections to listening sockets only)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _serve_granian(
+    codec: str, prefill_s: float, decode_s: float, host: str, port: int, http2: bool, loop: str
+) -> None:
+    """granian in front of the app until SIGTERM or SIGINT (granian's own handlers: it stops its
+    worker, then returns). Its worker builds the app and announces the address
+    (:func:`_granian_worker_app`); this process prints nothing on stdout."""
+    with needs_extras("the granian peer"):
+        from granian.constants import HTTPModes, Interfaces, Loops
+        from granian.log import LogLevels
+        from granian.server import Server
+    reserved = _reserve(host, port)
+    port = reserved.getsockname()[1]
+    try:
+        server = Server(
+            # granian loads the app by this name unless given a loader (below); here it only
+            # names the process (its title, when setproctitle is installed)
+            "inferwire.bench.procs.peer_servers:make_app",
+            address=host,
+            port=port,
+            interface=Interfaces.ASGI,
+            http=HTTPModes.http2 if http2 else HTTPModes.http1,
+            workers=1,
+            loop=Loops(loops.resolve(loop)),
+            log_level=LogLevels.warning,
+            log_dictconfig=_GRANIAN_LOGGING,
+        )
+        # a loader of module-level parts: picklable, for a spawned worker as for a forked one
+        loader = functools.partial(
+            _granian_worker_app, codec, prefill_s, decode_s, host, port, os.getpid()
+        )
+        server.serve(target_loader=loader, wrap_loader=False)
+    finally:
+        reserved.close()
+
+
+def _granian_worker_app(
+    codec: str, prefill_s: float, decode_s: float, host: str, port: int, main_pid: int
+) -> Starlette:
+    """In granian's worker, once it has made its event loop and before it binds: the app, and a
+    thread that announces the address when the worker accepts a connection (a client that
+    connects on the announcement must not be refused)."""
+    _end_with(main_pid)
+    app = _app(codec, prefill_s, decode_s)
+    # the loop granian made for this worker is the current one (granian's loop builders set it)
+    loop = loops.kind(asyncio.get_event_loop())
+    announcer = threading.Thread(
+        target=_announce_when_accepting, args=(host, port, loop), name="announce", daemon=True
+    )
+    announcer.start()
+    return app
+
+
+def _end_with(main_pid: int) -> None:
+    """SIGTERM this worker when granian's main process ends, however it ends: a stop that
+    times out kills the process it started (SIGKILL), and granian's worker would outlive it,
+    serving and holding the port. Linux's ``PR_SET_PDEATHSIG``; elsewhere, nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != main_pid:  # it ended before the request: nobody will signal
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _announce_when_accepting(host: str, port: int, loop: str) -> None:
+    deadline = time.monotonic() + ACCEPT_TIMEOUT_S
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                break
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                print(f"granian did not accept on {host}:{port}: {exc}", file=sys.stderr)
+                return
+            time.sleep(0.01)
+    print(_announcement(host, port, loop), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m inferwire.bench.procs.peer_servers", description=__doc__.splitlines()[0]
@@ -201,8 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--http2",
         action="store_true",
-        help="HTTP/2 (h2c, prior knowledge): Hypercorn only. Hypercorn serves HTTP/1.1 and "
-        "h2c on the same port either way; this states which the client will speak",
+        help="HTTP/2 (h2c, prior knowledge): Hypercorn and granian only. Hypercorn serves "
+        "HTTP/1.1 and h2c on the same port either way, and this states which the client will "
+        "speak; granian serves the one it is told (--http 2, else --http 1)",
     )
     parser.add_argument("--prefill-ms", type=float, default=0.0, help="time to first token")
     parser.add_argument("--decode-ms", type=float, default=0.0, help="time per output token")
@@ -213,12 +347,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the event loop: auto is uvloop when installed",
     )
     args = parser.parse_args(argv)
-    if args.http2 and args.server != "hypercorn":
-        parser.error("--http2: only hypercorn (uvicorn's HTTP/2 needs zttp, not installed here)")
-    service = it.SimulatedService(
-        token_stream_source, prefill_s=args.prefill_ms / 1000, decode_s=args.decode_ms / 1000
-    )
-    app = make_app(service, ic.get(args.codec, extensions=True))
+    if args.http2 and args.server not in HTTP2_PEERS:
+        parser.error(
+            "--http2: hypercorn and granian only (uvicorn's HTTP/2 needs zttp, not installed here)"
+        )
+    prefill_s, decode_s = args.prefill_ms / 1000, args.decode_ms / 1000
+    app = _app(args.codec, prefill_s, decode_s)  # a codec without token streams fails here
+    if args.server == "granian":
+        # granian runs its own processes, and its worker makes its loop and its app (the same)
+        _serve_granian(args.codec, prefill_s, decode_s, args.host, args.port, args.http2, args.loop)
+        return 0
     sock = _listen(args.host, args.port)
     serve = _serve_hypercorn if args.server == "hypercorn" else _serve_uvicorn
     loops.run(serve(app, sock), args.loop)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from . import serving
+from . import grpc, serving
 from .codecs import VARIANTS
 from .results import CODECS_RAW, CONNECTIONS_RAW, STAGES_RAW, TRANSPORTS_RAW, records
 from .tables import table
@@ -203,7 +203,44 @@ def rows(raw_dir: Path) -> list[list[str]]:
             ]
         )
     out += _server_rows(raw_dir)
+    out += grpc.advice_rows(raw_dir, TIE)  # grpcio or grpclib, when the run measured grpclib
+    out += _websocket_rows(raw_dir)
     return out
+
+
+def _websocket_rows(raw_dir: Path) -> list[list[str]]:
+    """The answer for a browser or realtime client over a WebSocket (none when the run did
+    not measure the ``websocket`` transport): OpenAI's JSON chunks as text messages, their cost
+    per token against ``tcp``, and a connection's setup."""
+    found = records(raw_dir / TRANSPORTS_RAW)
+    per_token = {
+        info["codec"]: float(info["vs_tcp"])
+        for info in found
+        if info.get("transport") == "websocket" and info.get("op") == "stream"
+    }
+    if "orjson" not in per_token:
+        return []
+    margin = f"`websocket` {per_token['orjson']:.2f}x `tcp` per token (`orjson`)"
+    binary = {codec: ratio for codec, ratio in per_token.items() if codec not in JSON_CODECS}
+    if binary:
+        best = min(binary, key=lambda c: (binary[c], c))
+        margin += f"; `{best}` by subprotocol: {binary[best]:.2f}x"
+    setup = [
+        float(info["median_s"]) / int(info.get("calls", 1))
+        for info in found
+        if info.get("transport") == "websocket-new-connection" and info.get("codec") == "orjson"
+    ]
+    if setup:
+        margin += f"; a new connection and round trip {setup[0] * 1e6:,.0f} us"
+    return [
+        [
+            "token stream",
+            "browser or realtime client (WebSocket)",
+            "`orjson` over `websocket`, text messages",
+            margin,
+            "the client reads server-sent events over HTTP: see browser or OpenAI SDK",
+        ]
+    ]
 
 
 def _server_rows(raw_dir: Path) -> list[list[str]]:

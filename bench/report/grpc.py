@@ -1,9 +1,12 @@
 """The report's gRPC section and target rows, from ``raw/grpc.json`` (bench/bench_grpc.py):
 our per-message ``Generate`` against the bare grpcio floor, the batched RPC against ``tcp``
-when the model outruns the wire, and the batched RPC against the per-message one when paced."""
+when the model outruns the wire, and the batched RPC against the per-message one when paced;
+and, when the run has them, grpclib beside grpcio (findings, no target) with its line of the
+advice."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -105,7 +108,8 @@ def section(raw_dir: Path) -> str:
     floor = _of(raw_dir, "grpc-floor")
     batched = _of(raw_dir, "grpc-batched")
     paced = _of(raw_dir, "grpc-paced")
-    if not (floor or batched or paced):
+    grpclib = _grpclib_parts(raw_dir)
+    if not (floor or batched or paced or grpclib):
         return ""
     parts = [
         "## gRPC against its floors",
@@ -208,4 +212,148 @@ def section(raw_dir: Path) -> str:
             ),
             "",
         ]
-    return "\n".join(parts)
+    return "\n".join(parts + grpclib)
+
+
+def _yes(info: Mapping[str, Any]) -> str:
+    return "yes" if info["correct"] else "**no**"
+
+
+def _grpclib_parts(raw_dir: Path) -> list[str]:
+    """grpclib beside grpcio: per message, per token and per unary call ([] without them)."""
+    floor = _of(raw_dir, "grpclib-floor")
+    batched = _of(raw_dir, "grpclib-batched")
+    unary = _of(raw_dir, "grpclib-unary")
+    if not (floor or batched or unary):
+        return []
+    versions = next(i["versions"] for i in (*floor, *batched, *unary))
+    parts = [
+        "### grpclib beside grpcio",
+        "",
+        "The same service on grpclib (the pure-Python gRPC on h2, "
+        f"{versions['grpclib']}) beside ours on grpcio ({versions['grpcio']}), its server "
+        "in its own process like grpcio's, each side in the same rotating rounds. *client on "
+        "grpcio*: our grpclib client against our grpcio server; *server, grpcio client*: our "
+        "grpcio client against our grpclib server: each ratio to grpcio says what one "
+        "library's end costs. Findings, not targets.",
+        "",
+    ]
+    if floor:
+        parts += [
+            table(
+                [
+                    "codec",
+                    "loop",
+                    "floor",
+                    "grpcio",
+                    "grpclib",
+                    "grpclib / grpcio",
+                    "grpclib / floor",
+                    "client on grpcio / grpcio",
+                    "server, grpcio client / grpcio",
+                    "correct",
+                ],
+                (
+                    [
+                        f"`{i['codec']}`",
+                        i["loop"],
+                        _cell(i, "floor_us_per_message", _us),
+                        _cell(i, "grpcio_us_per_message", _us),
+                        _cell(i, "grpclib_us_per_message", _us),
+                        _cell(i, "vs_grpcio"),
+                        _cell(i, "vs_floor"),
+                        _cell(i, "client_vs_grpcio"),
+                        _cell(i, "server_vs_grpcio"),
+                        _yes(i),
+                    ]
+                    for i in floor
+                ),
+            ),
+            "",
+            "Per message: `Generate`, one chunk a message, `stream-256`; the floor is the bare "
+            "grpcio server and call of the section above.",
+            "",
+        ]
+    if batched:
+        parts += [
+            table(
+                ["codec", "tcp", "grpcio", "grpclib", "grpclib / grpcio", "grpclib / tcp"],
+                (
+                    [
+                        f"`{i['codec']}`",
+                        _cell(i, "tcp_us_per_token", _us),
+                        _cell(i, "grpcio_us_per_token", _us),
+                        _cell(i, "grpclib_us_per_token", _us),
+                        _cell(i, "vs_grpcio"),
+                        _cell(i, "vs_tcp"),
+                    ]
+                    for i in batched
+                ),
+            ),
+            "",
+            "Per token: `GenerateBatched`, `stream-256`, no pacing.",
+            "",
+        ]
+    if unary:
+        parts += [
+            table(
+                [
+                    "codec",
+                    "grpcio",
+                    "grpclib",
+                    "grpclib / grpcio",
+                    "client on grpcio / grpcio",
+                    "server, grpcio client / grpcio",
+                    "correct",
+                ],
+                (
+                    [
+                        f"`{i['codec']}`",
+                        _cell(i, "grpcio_us_per_call", _us),
+                        _cell(i, "grpclib_us_per_call", _us),
+                        _cell(i, "vs_grpcio"),
+                        _cell(i, "client_vs_grpcio"),
+                        _cell(i, "server_vs_grpcio"),
+                        _yes(i),
+                    ]
+                    for i in unary
+                ),
+            ),
+            "",
+            "Per unary call: `Infer` of a 16-float tensor.",
+            "",
+        ]
+    return parts
+
+
+def advice_rows(raw_dir: Path, tie: float) -> list[list[str]]:
+    """The advice's line for a Python gRPC service, grpcio or grpclib, from the median over
+    the codecs of grpclib's paired ratio to grpcio per message (``Generate``: a token stream's
+    cost); within ``tie`` of 1 the two are named together. [] when the run has no grpclib
+    rows."""
+    floor = [i for i in _of(raw_dir, "grpclib-floor") if i["correct"]]
+    if not floor:
+        return []
+    per_message = statistics.median(float(i["vs_grpcio"]) for i in floor)
+    margin = f"`grpclib` takes {per_message:.2f}x `grpcio`'s time per message"
+    others = {}
+    for op, what in (("grpclib-batched", "per token batched"), ("grpclib-unary", "per call")):
+        ratios = [float(i["vs_grpcio"]) for i in _of(raw_dir, op) if i["correct"]]
+        if ratios:
+            others[op] = statistics.median(ratios)
+            margin += f", {others[op]:.2f}x {what}"
+    if per_message > 1 + tie:
+        use = "`grpcio`"
+        changes = "the service must be pure Python (no compiled wheel): `grpclib`, at that cost"
+    elif per_message < 1 - tie:
+        use = "`grpclib`"
+        unary = others.get("grpclib-unary", 1.0)
+        changes = (
+            f"mostly unary calls (`grpclib` {unary:.2f}x per call): `grpcio`"
+            if unary > 1 + tie
+            else "the service needs grpc's health, reflection or KServe services here: `grpcio`"
+        )
+    else:
+        use = f"`grpcio` (`grpclib` within {tie:.0%})"
+        changes = "either; they interoperate both ways on the same proto"
+    return [["token stream", "gRPC in a Python service", use, margin, changes]]

@@ -20,7 +20,18 @@ HTTP2_UNARY_TARGET = 2.5
 """Issue 15's tighter target for a small unary call over ``http2`` (what bounds it: _NOTES)."""
 ECHO_TARGET = 3.0
 """``tcp`` small unary round trip over a raw echo of the same bytes on the same loop."""
-TRANSPORT_ORDER = ("tcp", "http1", "http1-new-connection", "http2", "grpc")
+WEBSOCKET_STREAM_TARGET = 1.5
+"""Issue 32: a token stream over ``websocket`` (a message per chunk, a connection per stream)
+costs at most this much per token as over ``tcp``, each codec measured."""
+TRANSPORT_ORDER = (
+    "tcp",
+    "http1",
+    "http1-new-connection",
+    "http2",
+    "grpc",
+    "websocket",
+    "websocket-new-connection",
+)
 PLOT_NAME: Final = "transports"
 HATCHES: Final = ("", "//", "..", "xx", "\\\\", "++")
 """One per codec, so the bars stay apart in grey print."""
@@ -96,13 +107,16 @@ def target_rows(results: list[TransportResult]) -> list[list[str]]:
     rows = []
     for op, what in (("stream", "per-token cost"), ("unary", "small unary round trip")):
         for result in sorted(results, key=_order):
-            if result.op != op or result.transport not in ("http1", "http2", "grpc"):
+            websocket = op == "stream" and result.transport == "websocket"
+            if result.op != op or not (websocket or result.transport in ("http1", "http2", "grpc")):
                 continue
             if op == "stream" and result.codec != "orjson" and result.transport == "http1":
                 continue  # the SSE row is the one the target names for http1
             target = TRANSPORT_TARGET
             if op == "unary" and result.transport == "http2":
                 target = HTTP2_UNARY_TARGET
+            if websocket:
+                target = WEBSOCKET_STREAM_TARGET
             verdict = "met" if result.vs_tcp <= target else "**missed**"
             rows.append(
                 [
@@ -222,6 +236,19 @@ _NOTES = (
 )
 
 
+_WEBSOCKET_NOTES = (
+    "`websocket` (issue 32): the chat request as one text message on `/v1/chat/completions`, "
+    "each chunk one message back (text JSON for `orjson`, binary for the others, the codec "
+    "named by the subprotocol), then `[DONE]` and a close; a stream is a connection of its "
+    "own, so its per-token figure carries a TCP connect and an HTTP upgrade per stream, and "
+    "each chunk costs a frame (a 2-byte header here) where `tcp` writes a batch of due chunks "
+    "as one piece. The unary rows are an infer request a message on a kept connection "
+    "(`websocket-new-connection`: a connection, handshake and close each, the setup cost). "
+    "Server and client run websockets' Sans-I/O protocol under asyncio streams "
+    "(`transports/websocket.py` says why)."
+)
+
+
 def section(results: list[TransportResult]) -> str:
     parts = [
         "## Transports",
@@ -262,6 +289,8 @@ def section(results: list[TransportResult]) -> str:
                 "",
             ]
     parts += [_NOTES, ""]
+    if any(r.transport.startswith("websocket") for r in results):
+        parts += [_WEBSOCKET_NOTES, ""]
     parts += _floors(results)
     return "\n".join(parts)
 

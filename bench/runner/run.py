@@ -49,6 +49,7 @@ SUITES = (
     ("bench_load.py", results.LOAD_RAW, True),
     ("bench_peers.py", results.PEERS_RAW, True),
     ("bench_serving.py", results.SERVING_RAW, True),
+    ("bench_compression.py", results.COMPRESSION_RAW, True),
     ("bench_faults.py", results.FAULTS_RAW, False),
     ("bench_instructions.py", INSTRUCTIONS_RAW, False),
     # the engine's virtual clock is deterministic (the same figures in every process), and its

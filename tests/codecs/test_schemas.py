@@ -15,7 +15,12 @@ from inferwire.schemas import inferwire_pb2 as pb
 from inferwire.schemas.kserve import inference_pb2 as kserve_pb
 
 SCHEMAS = Path(inferwire.schemas.__file__).resolve().parent
-PROTO_OUTPUTS = ["inferwire_pb2.py", "inferwire_pb2.pyi", "inferwire_pb2_grpc.py"]
+PROTO_OUTPUTS = [
+    "inferwire_pb2.py",
+    "inferwire_pb2.pyi",
+    "inferwire_pb2_grpc.py",
+    "inferwire_grpc.py",  # grpclib's stubs of the same service
+]
 # The delta codec's schema versions, shipped as descriptor sets (the registry stores them).
 DELTA_OUTPUTS = ["delta_v1.binpb", "delta_v2.binpb", "delta_v3.binpb"]
 # The KServe v2 / Open Inference Protocol's gRPC messages.

@@ -2,7 +2,9 @@
 client (:mod:`.pool`: keep-alive connections, responses parsed by ``httptools``); a stream's
 chunked body is read through the
 codec's stream decoder, and a body that ends without the codec's end marker is a truncated
-stream, never a complete one.
+stream, never a complete one. With ``accept_encoding`` the client asks for compressed answers
+(``Accept-Encoding``); a compressed body or stream is decoded as it arrives, bounded by the
+limits (:mod:`..compression`), whether asked for or not.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from .pool import HttpPool, Origin, PooledResponse
 class Http1Client(Client):
     """A keep-alive pool (idle connections reused, a new one when none is idle), or with
     ``new_connection_per_request`` one connection per request, closed after it; the
-    connections are the project's one HTTP/1.1 client's (:class:`.pool.HttpPool`)."""
+    connections are the project's one HTTP/1.1 client's (:class:`.pool.HttpPool`).
+    ``accept_encoding``: the ``Accept-Encoding`` sent (e.g. ``"zstd, gzip, br"``; None: none,
+    so the server answers uncompressed)."""
 
     transport: ClassVar[str] = "http1"
 
@@ -34,9 +38,13 @@ class Http1Client(Client):
         *args: object,
         new_connection_per_request: bool = False,
         max_idle: int = 100,
+        accept_encoding: str | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        if accept_encoding is not None and ("\r" in accept_encoding or "\n" in accept_encoding):
+            raise ValueError("accept_encoding must be one header line")
+        self.accept_encoding = accept_encoding
         self.new_connection_per_request = new_connection_per_request
         origin = Origin(
             scheme="https" if self.ssl_context else "http", host=self.host, port=self.port
@@ -47,6 +55,8 @@ class Http1Client(Client):
             max_idle=max_idle,
             new_connection_per_request=new_connection_per_request,
             timeout_s=self.limits.timeout_s,
+            headers=() if accept_encoding is None else (("accept-encoding", accept_encoding),),
+            max_decoded_bytes=self.limits.max_message_bytes,
         )
 
     @property

@@ -10,6 +10,14 @@ hard part, is the library's. With ``max_connections`` the pool is bounded: a req
 every connection busy waits for one, so a generator that falls behind queues its requests (and
 their latency, counted from the intended send time, shows it) instead of opening a connection
 per late request.
+
+A body in a content coding (``Content-Encoding``: gzip, br, zstd, deflate) is decoded as it
+arrives, bounded (:class:`~inferwire.transports.compression.Decoder`): no piece and no body read
+whole decodes to more than ``max_decoded_bytes``, and no more than 1000 times its input past a
+megabyte; a bomb is :class:`~inferwire.transports.compression.DecompressionLimitError`, bytes
+that do not decode :class:`~inferwire.transports.compression.ContentEncodingError`. A pool
+asks for codings only when told to (an ``accept-encoding`` among its ``headers``), but decodes
+whatever a server sends.
 """
 
 from __future__ import annotations
@@ -23,7 +31,15 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from ..common import ErrorMap, aclose_quietly, connect_tcp, error_detail, map_exceptions
+from ..common import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    ErrorMap,
+    aclose_quietly,
+    connect_tcp,
+    error_detail,
+    map_exceptions,
+)
+from ..compression import ContentEncodingError, Decoder, content_coding
 from ..errors import MessageTooLargeError, ProtocolError, RemoteError, StreamTruncatedError
 from ..timing import StreamTiming, now_ns
 from .server import READ_BYTES
@@ -139,7 +155,16 @@ class PooledResponse:
     :meth:`take` and :meth:`more`, for a caller that drives the reads itself). The connection
     goes back to the pool when the body has been read whole (or :meth:`release` is called)."""
 
-    __slots__ = ("_conn", "_pool", "complete", "headers", "status")
+    __slots__ = (
+        "_coding_error",
+        "_conn",
+        "_decoder",
+        "_pool",
+        "complete",
+        "headers",
+        "status",
+        "wire_bytes",
+    )
 
     def __init__(self, pool: HttpPool, conn: PooledConnection) -> None:
         self._pool = pool
@@ -148,6 +173,20 @@ class PooledResponse:
         self.headers = conn.response.headers
         self.complete = False
         """Whether the body ended as HTTP frames it (not by a closed connection)."""
+        self.wire_bytes = 0
+        """Body bytes as they came (compressed, when the body is), the chunked framing aside."""
+        self._decoder: Decoder | None = None
+        self._coding_error: Exception | None = None
+        coded = self.headers.get("content-encoding")
+        if coded is not None:
+            # a coding not decoded (or whose library is missing) is raised where the body is
+            # read: the connection is the caller's to release by then
+            try:
+                coding = content_coding(coded)
+                if coding is not None:
+                    self._decoder = Decoder(coding, max_piece_bytes=pool.max_decoded_bytes)
+            except (ContentEncodingError, ModuleNotFoundError) as exc:
+                self._coding_error = exc
 
     @property
     def trailers(self) -> dict[str, str]:
@@ -160,10 +199,27 @@ class PooledResponse:
         pieces = parsed.body
         if parsed.complete:
             self.complete = True
-        if not pieces:
-            return b""
-        parsed.body = []
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        if pieces:
+            parsed.body = []
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            self.wire_bytes += len(data)
+            self._pool.wire_bytes += len(data)
+        else:
+            data = b""
+        if self._decoder is None and self._coding_error is None:
+            return data
+        return self._decoded(data)
+
+    def _decoded(self, data: bytes) -> bytes:
+        """``data`` out of the body's content coding; at the body's end, the coding must end."""
+        if self._coding_error is not None:
+            raise self._coding_error
+        decoder = self._decoder
+        assert decoder is not None
+        out = decoder.feed(data) if data else b""
+        if self.complete:
+            decoder.close()
+        return out
 
     async def more(self) -> bool:
         """Read from the connection once; False if it closed."""
@@ -191,6 +247,10 @@ class PooledResponse:
             await self.release(reusable=ok)
 
     async def read(self, limit: int) -> bytes:
+        """The whole body (decoded), refused past ``limit`` bytes."""
+        if self._decoder is not None:  # refused as the decoder passes it, not after
+            self._decoder.max_piece_bytes = min(self._decoder.max_piece_bytes, limit)
+            self._decoder.max_total_bytes = limit
         parts: list[bytes] = []
         size = 0
         async for part in self.body():
@@ -212,7 +272,8 @@ class PooledResponse:
 class HttpPool:
     """Keep-alive connections to one origin: at most ``max_connections`` at once (unbounded
     when None), at most ``max_idle`` kept between requests; with ``new_connection_per_request``
-    each request gets a connection of its own, closed after it."""
+    each request gets a connection of its own, closed after it. ``headers`` go with every
+    request (an ``accept-encoding`` among them asks for compressed answers)."""
 
     def __init__(
         self,
@@ -224,6 +285,7 @@ class HttpPool:
         max_idle: int = 1024,
         new_connection_per_request: bool = False,
         timeout_s: float = 60.0,
+        max_decoded_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         if origin.scheme == "https" and ssl_context is None:
             ssl_context = ssl.create_default_context()
@@ -236,6 +298,10 @@ class HttpPool:
         self._idle: list[PooledConnection] = []
         self._busy: set[PooledConnection] = set()
         self.connections_opened = 0
+        self.max_decoded_bytes = max_decoded_bytes
+        """The most one piece of a body (or a body read whole) may decode to."""
+        self.wire_bytes = 0
+        """Body bytes received, as they came (compressed when they were), for every response."""
         close = [("connection", "close")] if new_connection_per_request else []
         fixed = [("host", origin.authority), *headers]
         self._head = "".join(f"{name}: {value}\r\n" for name, value in fixed)

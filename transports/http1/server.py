@@ -31,6 +31,7 @@ from inferwire.codecs.schema_registry import SchemaRegistry
 
 from ..base import Server
 from ..common import aclose_quietly, log_failure
+from ..compression import Compression
 from ..httpapp import HttpApp, Response, error
 from ..openai_api import OpenAIOptions
 from ..timing import TRAILER, now_ns
@@ -192,6 +193,7 @@ class Http1Server(Server):
         *args: object,
         registry: SchemaRegistry | None = None,
         openai: OpenAIOptions | None = None,
+        compression: Compression | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -202,6 +204,7 @@ class Http1Server(Server):
             metrics=self.metrics,
             tracer=self.tracer,
             openai=openai,
+            compression=compression,
         )
 
     async def start(self) -> tuple[str, int]:
@@ -232,6 +235,14 @@ class Http1Server(Server):
                     await self._write_last(reader, writer, refusal)
                     return
                 request = requests.done.pop(0)
+                if "websocket" in request.headers.get("upgrade", "").lower():
+                    # RFC 6455: from the handshake on, the connection is the WebSocket's
+                    from ..websocket import WebSocketEndpoint  # imported on the first upgrade
+
+                    endpoint = WebSocketEndpoint(self.app.openai, self.limits)
+                    url = request.url.decode("latin-1")
+                    await endpoint.upgrade(reader, writer, request.method, url, request.headers)
+                    return
                 response = self.app.handle(
                     request.method,
                     request.url.decode("latin-1"),

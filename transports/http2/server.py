@@ -46,6 +46,7 @@ from inferwire.codecs.schema_registry import SchemaRegistry
 from .. import h2guard
 from ..base import Server
 from ..common import BACKLOG, log_failure
+from ..compression import Compression
 from ..errors import PeerLimitError, PeerNotReadingError, TransportTimeoutError
 from ..httpapp import HttpApp, Response, error
 from ..metrics import outcome_of
@@ -502,6 +503,7 @@ class Http2Server(Server):
         *args: object,
         registry: SchemaRegistry | None = None,
         openai: OpenAIOptions | None = None,
+        compression: Compression | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -512,6 +514,7 @@ class Http2Server(Server):
             metrics=self.metrics,
             tracer=self.tracer,
             openai=openai,
+            compression=compression,
         )
         self.protocols: set[ServerProtocol] = set()
         self.handlers_peak = 0
