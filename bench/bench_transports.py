@@ -53,10 +53,10 @@ UNARY_CODECS = ("orjson", "protobuf", "msgpack")
 TRANSPORTS = it.TRANSPORTS
 WEBSOCKET = "websocket"
 """Measured beside ``TRANSPORTS`` but not one of them (``it.EXTRA_TRANSPORTS``): its rows are
-named explicitly, so the others' rows are those of a run without it. A stream is a connection
-of its own (the server closes it after ``[DONE]``): its handshake is in the per-token figure;
-``websocket-new-connection`` is the unary round trip on a fresh connection each (the
-connection setup), as ``http1-new-connection`` is."""
+named explicitly, so the others' rows are those of a run without it. Streams run on a session
+(``?session=1``: one connection, a stream at a time, as a realtime client keeps one), as the
+other transports' run on a kept connection; ``websocket-new-connection`` is the unary round
+trip on a fresh connection each (the connection setup), as ``http1-new-connection`` is."""
 
 SMALL_REQUEST = ic.InferRequest(
     model="sim",

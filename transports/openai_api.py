@@ -213,15 +213,20 @@ def parse_request(obj: object, *, chat: bool, models: Sequence[str]) -> OpenAIRe
     )
 
 
-def chat_request_body(request: GenerateRequest, *, timing: bool = False) -> bytes:
+def chat_request_body(
+    request: GenerateRequest, *, timing: bool = False, traceparent: str | None = None
+) -> bytes:
     """The ``POST /v1/chat/completions`` body with which inferwire's clients ask for
-    ``request``'s stream, with inferwire's extensions (and the server's stamps if ``timing``)."""
+    ``request``'s stream, with inferwire's extensions (and the server's stamps if ``timing``;
+    a W3C ``traceparent`` where no header can carry it, as on a WebSocket session)."""
     obj = request.to_json_obj()
     obj["messages"] = _CLIENT_MESSAGES
     obj["stream"] = True
     obj[EXTENSIONS_FIELD] = {"extensions": True}
     if timing:
         obj["timing"] = True
+    if traceparent:
+        obj[TRACEPARENT] = traceparent
     return orjson.dumps(obj)
 
 

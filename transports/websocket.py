@@ -9,6 +9,12 @@ Routes (``GET`` with ``Upgrade: websocket``):
     with one message, then a text ``[DONE]``, then closes with 1000 (normal closure). A timed
     request (``"timing": true``, inferwire's field) gets a text ``{"x-inferwire-timing": ...}``
     before ``[DONE]``.
+``/v1/chat/completions?session=1``
+    A session, as a realtime client keeps one: the same, except that after ``[DONE]`` the
+    connection stays open for the client's next request (one at a time: a message before
+    ``[DONE]`` is a policy violation, 1008) until the client closes it or sends nothing for
+    ``IDLE_TIMEOUT_S`` (then 1001, going away). A request's ``traceparent`` goes in its JSON
+    (a handshake's header applies to the first request only).
 ``/v2/models/{model}/infer``
     Each message is one infer request in the codec, answered by one message; the connection
     stays open for the next (the ``infer`` round trip of :class:`~.base.Client`).
@@ -36,8 +42,9 @@ parsed (the Sans-I/O protocol takes that request as it is), and its asyncio laye
 wake-up and a queue per message. websockets rather than wsproto: a maintained sans-I/O core
 with the message size limit built in (wsproto has none), C-accelerated unmasking, and the same
 library that browsers' peers most often use in Python. The server's data frames are written by
-:func:`.websocket_wire.data_frame` (see there why); parsing, handshakes and control frames are
-the library's.
+:func:`.websocket_wire.data_frame`, and the client parses them with
+:class:`.websocket_wire.ServerMessages` (see there why); other parsing, handshakes, control
+frames and fragments are the library's.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Final
+from urllib.parse import parse_qs
 
 import inferwire.codecs as ic
 from inferwire._runtime.extras import needs_extras
@@ -57,7 +65,7 @@ from .errors import BadRequestError, MessageTooLargeError, ProtocolError
 from .http_response import JSON
 from .openai_api import OpenAIApi, OpenAIOptions
 from .websocket_client import WebSocketClient
-from .websocket_session import ChatSession, ServerConnection
+from .websocket_session import IDLE_TIMEOUT_S, ChatSession, ServerConnection
 from .websocket_wire import CHAT_PATH, codec_choice, data_frame, subprotocol
 
 with needs_extras("the websocket transport"):
@@ -73,8 +81,6 @@ __all__ = ["WebSocketClient", "WebSocketEndpoint", "WebSocketServer"]
 _log = logging.getLogger(__name__)
 READ_BYTES: Final = 256 * 1024
 INFER_PATH: Final = re.compile(r"/v2/models/([^/?]+)/infer")
-IDLE_TIMEOUT_S: Final = 75.0
-"""How long an infer connection waits for its next request (the http1 server's keep-alive)."""
 
 
 class WebSocketServer(Server):
@@ -207,7 +213,7 @@ class WebSocketEndpoint:
         request: Request,
         early: list[Any],
     ) -> None:
-        path = request.path.split("?", 1)[0]
+        path, _, query = request.path.partition("?")
         model = None
         if path != CHAT_PATH:
             match = INFER_PATH.fullmatch(path)
@@ -233,7 +239,8 @@ class WebSocketEndpoint:
         await conn.flush()
         codec = negotiation.codec
         if model is None:
-            await ChatSession(self, conn, codec, request.headers).run()
+            keep = parse_qs(query).get("session") in (["1"], ["true"])
+            await ChatSession(self, conn, codec, request.headers, keep=keep).run()
         else:
             await self._infer(conn, codec, model)
 

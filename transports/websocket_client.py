@@ -1,15 +1,21 @@
 """The WebSocket transport's client (the wire: :mod:`.websocket`): websockets' Sans-I/O
 ``ClientProtocol`` over asyncio streams.
 
-``generate`` opens a connection on ``/v1/chat/completions`` per stream (the server closes it
-after ``[DONE]``), offering the subprotocol ``inferwire.<codec>``, sends the chat request as
-one text message and reads the codec's messages through a :class:`~.streams.ChunkReader`: a
-stream is complete at ``[DONE]`` (and, for a stateful codec, its end frame) followed by the
-server's close 1000; anything less is a :class:`StreamTruncatedError` (or the error the close
-code or error object says). The closing handshake's last step, waiting for the server to end
-the TCP connection (RFC 6455 7.1.1: the server closes first), runs in the background, so a
-stream's consumer does not wait for it. ``infer`` keeps one connection on
-``/v2/models/{model}/infer`` and takes turns on it.
+``generate`` runs each stream on a session (``/v1/chat/completions?session=1``): a
+connection kept open after ``[DONE]`` for the next stream, as a realtime client keeps one, one
+stream at a time on each (concurrent streams open more; an idle one is reused). It offers the
+subprotocol ``inferwire.<codec>``, sends the chat request as one text message and reads the
+codec's messages through a :class:`~.streams.ChunkReader`: a stream is complete at ``[DONE]``
+(and, for a stateful codec, its end frame); anything less is a :class:`StreamTruncatedError`
+(or the error the close code or error object says). With ``new_connection_per_request`` each
+stream has a connection of its own, which the server closes after ``[DONE]`` (1000, checked):
+then the closing handshake's last step, waiting for the server to end the TCP connection (RFC
+6455 7.1.1: the server closes first), runs in the background, so a stream's consumer does not
+wait for it. ``infer`` keeps one connection on ``/v2/models/{model}/infer`` and takes turns on
+it.
+
+The server's data frames are parsed by :class:`~.websocket_wire.ServerMessages` (see there
+why), everything else by websockets' protocol.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from .websocket_wire import (
     DONE,
     CloseCode,
     Message,
-    Messages,
+    ServerMessages,
     close_error,
     error_status,
     is_error,
@@ -65,21 +71,33 @@ __all__ = ["WebSocketClient"]
 READ_BYTES: Final = 256 * 1024
 CLOSE_TIMEOUT_S: Final = 5.0
 """How long a closing connection waits for the server to end it before closing it itself."""
+SESSION_PATH: Final = CHAT_PATH + "?session=1"
+SESSION_IDLE_S: Final = 30.0
+"""A session idle longer is not reused: under the server's idle timeout (75 s on inferwire's
+servers), as HTTP clients keep their keep-alive expiry under the servers'."""
+MAX_HEAD_BYTES: Final = 64 * 1024
+"""The longest handshake response head read before it is refused."""
 
 
 class _Connection:
     """One client connection after its handshake."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, protocol: ClientProtocol
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        protocol: ClientProtocol,
+        limit: int,
     ) -> None:
         self.reader = reader
         self.writer = writer
         self.protocol = protocol
-        self.messages = Messages(protocol)
+        self.messages = ServerMessages(protocol, limit)
         self.pending: list[Message] = []
         self.ended = False
         """The server's close frame came, or the connection ended."""
+        self.idle_since = 0.0
+        """When its last stream ended (a session's, on the loop's clock)."""
         self._eof_sent = False
 
     def flush(self) -> None:
@@ -150,9 +168,9 @@ class _Connection:
 
 
 class WebSocketClient(Client):
-    """A connection per stream; one kept for ``infer`` calls, which take turns on it (with
-    ``new_connection_per_request``, a new one for each, closed after it: the cost of a
-    connection's setup)."""
+    """Sessions for streams, reused one stream at a time; one connection kept for ``infer``
+    calls, which take turns on it. With ``new_connection_per_request``, a new connection for
+    each stream and each call, closed after it: the cost of a connection's setup."""
 
     transport: ClassVar[str] = "websocket"
 
@@ -161,10 +179,15 @@ class WebSocketClient(Client):
         self.new_connection_per_request = new_connection_per_request
         self._text = self.codec.media_type == JSON
         """Whether the codec's messages are text (a JSON codec's) or binary."""
+        self._joinable = not self._text and self.codec.stream_shape == "stateful"
+        """Whether the codec's messages are pieces of its byte stream (a stateful codec's), so
+        that those of one read are decoded in one call, as a byte-stream transport's are."""
         self._unary: _Connection | None = None
         self._unary_path = ""
         self._lock = asyncio.Lock()
         self._streams: set[_Connection] = set()
+        self._idle: list[_Connection] = []
+        """Sessions whose last stream ended whole, for the next stream."""
         self._closing: set[asyncio.Task[None]] = set()
 
     async def _open(self, path: str, headers: Sequence[tuple[str, str]] = ()) -> _Connection:
@@ -186,12 +209,14 @@ class WebSocketClient(Client):
             timeout_s=self.limits.timeout_s,
             limit=READ_BYTES,
         )
-        conn = _Connection(reader, writer, protocol)
+        conn = _Connection(reader, writer, protocol, self.limits.max_message_bytes)
         try:
             protocol.send_request(request)
             conn.flush()
-            events = await self._handshake(reader, protocol, path)
-            conn.pending = conn.messages.frames(events)
+            rest = await self._handshake(reader, protocol, path)
+            if rest:
+                with map_exceptions(f"websocket handshake on {path}"):
+                    conn.pending = conn.messages.feed(rest)
         except BaseException:
             conn.abort()
             raise
@@ -199,17 +224,34 @@ class WebSocketClient(Client):
 
     async def _handshake(
         self, reader: asyncio.StreamReader, protocol: ClientProtocol, path: str
-    ) -> list[Any]:
-        """Read the server's handshake response; the frames that came with it, if any."""
+    ) -> bytes:
+        """Read the server's handshake response; the bytes that came after its head (frames,
+        for :class:`ServerMessages`: the protocol is given the head alone, so that its own
+        parser holds no part of a frame)."""
         what = f"websocket handshake on {path}"
+        head: bytearray | None = bytearray()
+        rest = b""
         with map_exceptions(what):
             while True:
                 data = await reader.read(READ_BYTES)
                 if not data:
                     protocol.receive_eof()
                     raise ConnectError(f"{what}: the server closed the connection")
+                if head is not None:
+                    head += data
+                    end = head.find(b"\r\n\r\n")
+                    if end < 0:
+                        if len(head) > MAX_HEAD_BYTES:
+                            raise ProtocolError(f"{what}: a response head over {MAX_HEAD_BYTES}")
+                        continue
+                    data, rest = bytes(head[: end + 4]), bytes(head[end + 4 :])
+                    head = None
                 protocol.receive_data(data)
                 events = protocol.events_received()
+                if not events and protocol.handshake_exc is None and rest:
+                    # not a 101: the response's body follows its head, and is the protocol's
+                    protocol.receive_data(rest)
+                    events, rest = protocol.events_received(), b""
                 failure = protocol.handshake_exc
                 if failure is not None:
                     if isinstance(failure, InvalidStatus):
@@ -223,7 +265,7 @@ class WebSocketClient(Client):
         wanted = subprotocol(self.codec.name)
         if protocol.subprotocol != wanted:
             raise ProtocolError(f"{what}: the server did not take the subprotocol {wanted}")
-        return events[1:]
+        return rest
 
     async def infer(self, request: ic.InferRequest) -> ic.InferResponse:
         payload = self.codec.encode(request)
@@ -281,22 +323,27 @@ class WebSocketClient(Client):
     ) -> AsyncIterator[ic.TokenChunk]:
         if timing is not None:
             timing.request_start_ns = now_ns()
-        body = chat_request_body(request, timing=asks_server(timing))
+        session = not self.new_connection_per_request
+        traceparent = None if timing is None else timing.traceparent
+        body = chat_request_body(
+            request, timing=asks_server(timing), traceparent=traceparent if session else None
+        )
         if timing is not None:
             timing.request_encoded_ns = now_ns()
         limit = self.limits.max_message_bytes
         if len(body) > limit:
             raise MessageTooLargeError(f"request of {len(body)} bytes is over the limit")
-        headers = []
-        if timing is not None and timing.traceparent:
-            headers.append((TRACEPARENT, timing.traceparent))
         stream = ChunkReader.of_messages(self.codec, limit, "websocket", timing)
         conn: _Connection | None = None
         clean = False
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.limits.timeout_s) as deadline:
-                conn = await self._open(CHAT_PATH, headers)
+                if session:
+                    conn = self._idle_session() or await self._open(SESSION_PATH)
+                else:
+                    headers = [(TRACEPARENT, traceparent)] if traceparent else []
+                    conn = await self._open(CHAT_PATH, headers)
                 self._streams.add(conn)
                 if timing is not None:
                     timing.request_write_ns = now_ns()
@@ -312,6 +359,8 @@ class WebSocketClient(Client):
                     if not messages and conn.ended:
                         raise self._ended(conn, stream)
                     deadline.reschedule(None)  # the consumer's pace is not our timeout
+                    if self._joinable and len(messages) > 1:
+                        messages = _joined(messages)
                     for index, (text, payload) in enumerate(messages):
                         if text and payload == DONE:
                             if index + 1 < len(messages):
@@ -323,8 +372,9 @@ class WebSocketClient(Client):
                         else:
                             for chunk in stream.feed(payload):
                                 yield chunk
-                deadline.reschedule(loop.time() + self.limits.timeout_s)
-                await self._closed_normally(conn)
+                if not session:
+                    deadline.reschedule(loop.time() + self.limits.timeout_s)
+                    await self._closed_normally(conn)
                 clean = True
         except TimeoutError as exc:
             _raise_timeout(exc, f"websocket generate, after {stream.count} chunks")
@@ -332,10 +382,25 @@ class WebSocketClient(Client):
         finally:
             if conn is not None:
                 self._streams.discard(conn)
-                if clean:
-                    self._background(conn.wait_closed())
-                else:
+                if not clean:
                     conn.abort()  # mid-stream: the server stops the stream
+                elif session:
+                    conn.idle_since = loop.time()
+                    self._idle.append(conn)
+                else:
+                    self._background(conn.wait_closed())
+
+    def _idle_session(self) -> _Connection | None:
+        """The session idle the shortest, if it has been idle under ``SESSION_IDLE_S``
+        (others are closed: the server may be closing them)."""
+        now = asyncio.get_running_loop().time()
+        while self._idle:
+            conn = self._idle.pop()
+            fresh = now - conn.idle_since < SESSION_IDLE_S
+            if fresh and not conn.ended and not conn.pending and not conn.writer.is_closing():
+                return conn
+            self._background(conn.close())
+        return None
 
     def _other(
         self, text: bool, payload: Any, stream: ChunkReader, timing: StreamTiming | None
@@ -392,11 +457,31 @@ class WebSocketClient(Client):
         """Close every connection: a stream still being read ends as truncated."""
         for conn in list(self._streams):
             conn.abort()
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            self._background(conn.close())
         if self._unary is not None:
             unary, self._unary = self._unary, None
             await unary.close()
         if self._closing:
             await asyncio.wait(list(self._closing), timeout=CLOSE_TIMEOUT_S + 1)
+
+
+def _joined(messages: list[Message]) -> list[Message]:
+    """``messages`` with each run of binary ones joined into one."""
+    out: list[Message] = []
+    run: list[Any] = []
+    for message in messages:
+        if message[0]:
+            if run:
+                out.append((False, b"".join(run)))
+                run = []
+            out.append(message)
+        else:
+            run.append(message[1])
+    if run:
+        out.append((False, b"".join(run)))
+    return out
 
 
 def _raise_timeout(exc: BaseException, what: str) -> None:

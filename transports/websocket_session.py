@@ -57,6 +57,9 @@ READ_BYTES: Final = 256 * 1024
 CLOSE_TIMEOUT_S: Final = 5.0
 """How long the server waits for the client's close frame after its own, then closes
 (websockets' own default is 10 s; an answer has been delivered whole by then)."""
+IDLE_TIMEOUT_S: Final = 75.0
+"""How long a connection that serves more than one request (infer, a chat session) waits for
+its next request (the http1 server's keep-alive)."""
 
 
 class ServerConnection:
@@ -79,6 +82,8 @@ class ServerConnection:
         self.ended = asyncio.Event()
         """The client closed (its close frame or the connection's end), or failed the
         protocol: nothing more will be read, and nothing but control frames written."""
+        self.answered = True
+        """No answer is being written: a session's next request may come (see :meth:`watch`)."""
         self._eof_sent = False
 
     async def drain(self) -> None:
@@ -126,19 +131,25 @@ class ServerConnection:
             if not data:
                 self.protocol.receive_eof()
                 self.ended.set()
-                return []
-            messages = self.messages.feed(data)
+                messages = []
+            else:
+                messages = self.messages.feed(data)
         except TransportError as exc:
             # the client broke a limit or the protocol: an error object, then the close frame
             # the protocol queued with the code that says which
             self.ended.set()
             status = 413 if isinstance(exc, MessageTooLargeError) else 400
             self.writer.write(data_frame(error_body(status, str(exc)), text=True))
-            raise
-        finally:
             await self.flush()
+            raise
         if self.messages.close is not None:
             self.ended.set()
+        try:
+            await self.flush()
+        except asyncio.CancelledError:
+            # a watcher stopped after an answer: what it read is the session's next request
+            self.pending.extend(messages)
+            raise
         return messages
 
     async def next_message(self, timeout_s: float, *, idle: bool = False) -> Message | None:
@@ -198,14 +209,20 @@ class ServerConnection:
 
     async def watch(self) -> None:
         """While a stream is written: read what the client sends, so that its pings are
-        answered and its close (or its going away) seen. A data message here is out of place:
-        one request a connection."""
+        answered and its close (or its going away) seen. A data message before the answer is
+        whole (:attr:`answered`) is out of place: one request at a time. After it, in a
+        session, it is the next request: kept in :attr:`pending`, and the watch ends."""
         with contextlib.suppress(Exception):
             while not self.ended.is_set():
-                if await self.receive(None):
-                    self.protocol.fail(CloseCode.POLICY_VIOLATION, "one request a connection")
-                    self.ended.set()
-                    await self.flush()
+                messages = await self.receive(None)
+                if not messages:
+                    continue
+                if self.answered:
+                    self.pending.extend(messages)
+                    return
+                self.protocol.fail(CloseCode.POLICY_VIOLATION, "one request at a time")
+                self.ended.set()
+                await self.flush()
 
 
 def _own_failure(exc: BaseException) -> bool:
@@ -244,24 +261,37 @@ class ChatSession:
         conn: ServerConnection,
         codec_name: str | None,
         headers: Headers,
+        *,
+        keep: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.conn = conn
         self.codec_name = codec_name
-        self.headers = headers
+        self.headers: Headers | None = headers
+        self.keep = keep
+        """A session: the connection stays open after ``[DONE]`` for the next request."""
 
     async def run(self) -> None:
+        """The connection's request (a session's requests, in turn, until the client closes
+        it or is idle)."""
+        timeout_s = self.endpoint.limits.timeout_s
+        while await self._one(timeout_s):
+            timeout_s = IDLE_TIMEOUT_S
+            self.headers = None  # the handshake's headers were the first request's
+        await self.conn.closing()
+
+    async def _one(self, timeout_s: float) -> bool:
+        """Serve the next request; whether the connection is open for another."""
         endpoint, conn = self.endpoint, self.conn
-        message = await conn.next_message(endpoint.limits.timeout_s)
+        message = await conn.next_message(timeout_s, idle=timeout_s == IDLE_TIMEOUT_S)
         if message is None:
-            await conn.closing()
-            return
+            return False
         received_ns = now_ns()
         is_text, payload = message
         if not is_text:
             text = "the request is a text message: the chat completion request's JSON"
             await self._refuse(400, text, received_ns, code=CloseCode.UNSUPPORTED_DATA)
-            return
+            return False
         try:
             obj = orjson.loads(payload)
             if isinstance(obj, dict) and "stream" not in obj:
@@ -273,14 +303,15 @@ class ChatSession:
             stream.stamps.received_ns = received_ns
         except orjson.JSONDecodeError as exc:
             await self._refuse(400, f"the request is not JSON: {exc}", received_ns)
-            return
+            return False
         except ApiError as exc:
             await self._refuse(exc.status, str(exc), received_ns, kind=exc.kind, param=exc.param)
-            return
+            return False
         except BadRequestError as exc:
             await self._refuse(400, str(exc), received_ns)
-            return
+            return False
         await self._stream(stream, obj, request.extensions, request.include_usage, received_ns)
+        return self.keep and not conn.ended.is_set()
 
     async def _refuse(self, status: int, message: str, received_ns: int, **how: Any) -> None:
         metrics = self.endpoint.metrics
@@ -340,18 +371,25 @@ class ChatSession:
         if tracer is None:
             frames = stream_frames(service, stream, encoder, stamps, meter=meter)
         else:
-            traceparent = self.headers.get(TRACEPARENT) or obj.get(TRACEPARENT)
+            header = None if self.headers is None else self.headers.get(TRACEPARENT)
+            traceparent = header or obj.get(TRACEPARENT)
             trace = tracer.server_request(
                 traceparent, received_ns, stamps, stream.request.workload, stream.stamps, answer_id
             )
             frames = trace.frames(
                 stream_frames(service, stream, encoder, trace.stamps, meter=meter)
             )
+        conn.answered = False
         watcher = asyncio.ensure_future(conn.watch())
         outcome = "cancelled"
         try:
             await self._send(frames, stamps, meter)
             outcome = "ok"
+            if self.keep:  # the next request is the session's loop's to read
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+                return
             with contextlib.suppress(TimeoutError):  # the client's close, then its end
                 await asyncio.wait_for(asyncio.shield(watcher), CLOSE_TIMEOUT_S)
         except BaseException as exc:
@@ -378,7 +416,7 @@ class ChatSession:
         meter: RequestMeter | None,
     ) -> None:
         """Write the stream's frames as they come, then the stamps (a timed stream),
-        ``[DONE]`` and the close frame (1000)."""
+        ``[DONE]`` and the close frame (1000; none in a session)."""
         conn = self.conn
         async with contextlib.aclosing(frames):
             async for piece in frames:
@@ -394,8 +432,11 @@ class ChatSession:
             tail = data_frame(timing_message(stamps.pack_text()), text=True)
         if conn.ended.is_set():
             raise ConnectionResetError("websocket: the client closed mid-stream")
-        conn.protocol.send_close(CloseCode.NORMAL_CLOSURE)
-        tail += data_frame(DONE, text=True) + b"".join(conn.protocol.data_to_send())
+        tail += data_frame(DONE, text=True)
+        conn.answered = True  # from here, a message from the client is its next request
+        if not self.keep:
+            conn.protocol.send_close(CloseCode.NORMAL_CLOSURE)
+            tail += b"".join(conn.protocol.data_to_send())
         await conn.write(tail)
         if meter is not None:
             meter.written(len(tail))

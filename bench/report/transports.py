@@ -21,8 +21,9 @@ HTTP2_UNARY_TARGET = 2.5
 ECHO_TARGET = 3.0
 """``tcp`` small unary round trip over a raw echo of the same bytes on the same loop."""
 WEBSOCKET_STREAM_TARGET = 1.5
-"""Issue 32: a token stream over ``websocket`` (a message per chunk, a connection per stream)
-costs at most this much per token as over ``tcp``, each codec measured."""
+"""Issue 32: a token stream over ``websocket`` (a message per chunk, on a session: a kept
+connection, as ``tcp``'s is) costs at most this much per token as over ``tcp``, each codec
+measured."""
 TRANSPORT_ORDER = (
     "tcp",
     "http1",
@@ -239,13 +240,14 @@ _NOTES = (
 _WEBSOCKET_NOTES = (
     "`websocket` (issue 32): the chat request as one text message on `/v1/chat/completions`, "
     "each chunk one message back (text JSON for `orjson`, binary for the others, the codec "
-    "named by the subprotocol), then `[DONE]` and a close; a stream is a connection of its "
-    "own, so its per-token figure carries a TCP connect and an HTTP upgrade per stream, and "
-    "each chunk costs a frame (a 2-byte header here) where `tcp` writes a batch of due chunks "
-    "as one piece. The unary rows are an infer request a message on a kept connection "
-    "(`websocket-new-connection`: a connection, handshake and close each, the setup cost). "
-    "Server and client run websockets' Sans-I/O protocol under asyncio streams "
-    "(`transports/websocket.py` says why)."
+    "named by the subprotocol), then `[DONE]`; streams run on a session "
+    "(`?session=1`: the connection kept for the next stream, as `tcp`'s is), and each chunk "
+    "costs a frame of its own (a 2-byte header here) and a message for the client to take "
+    "apart, where `tcp` carries a batch of due chunks as one piece. The unary rows are an "
+    "infer request a message on a kept connection (`websocket-new-connection`: a connection, "
+    "handshake and close each, the setup cost). Server and client run websockets' Sans-I/O "
+    "protocol under asyncio streams; the client parses the server's plain data frames itself "
+    "(`transports/websocket.py` and `websocket_wire.py` say why)."
 )
 
 

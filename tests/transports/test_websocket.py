@@ -438,10 +438,13 @@ def _close_frame(code: int) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def fake_websocket_server(script: Script) -> AsyncIterator[tuple[str, list[int | None]]]:
+async def fake_websocket_server(
+    script: Script, pongs: list[bytes] | None = None
+) -> AsyncIterator[tuple[str, list[int | None]]]:
     """A server that completes the handshake (taking the client's subprotocol), reads the
     request message, runs ``script(writer)``, then notes the close code the client sends
-    (None: none) in the list it yields beside its address."""
+    (None: none) in the list it yields beside its address, and the pongs it got in
+    ``pongs``."""
     closes: list[int | None] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -461,6 +464,11 @@ async def fake_websocket_server(script: Script) -> AsyncIterator[tuple[str, list
                 async with asyncio.timeout(10.0):
                     while protocol.close_rcvd is None and (data := await reader.read(4096)):
                         protocol.receive_data(data)
+                        for event in protocol.events_received():
+                            if not isinstance(event, Frame) or pongs is None:
+                                continue
+                            if event.opcode is Opcode.PONG:
+                                pongs.append(bytes(event.data))
             closes.append(None if protocol.close_rcvd is None else protocol.close_rcvd.code)
         finally:
             writer.close()
@@ -601,5 +609,120 @@ def test_a_timed_stream_carries_the_server_stamps() -> None:
             assert timing.server.shape[0] == 16  # one row a chunk
             assert 0 < timing.server_request_ns[0] <= timing.server_request_ns[1]
             assert all(ns >= 0 for ns in timing.stages_ns()["network"])
+
+    run(main())
+
+
+# -- sessions: one connection, streams in turn -------------------------------------------------
+
+
+def test_our_client_runs_streams_in_turn_on_one_session() -> None:
+    """Streams reuse one connection; ``new_connection_per_request`` opens one each, which the
+    server closes after ``[DONE]``."""
+
+    async def main() -> None:
+        async with serving("websocket", "delta") as server:
+            writers = server.server.endpoint._writers  # type: ignore[attr-defined]
+            async with it.connect("websocket", server.address, codec="delta") as client:
+                for _ in range(3):
+                    chunks = [
+                        c async for c in client.generate(it.GenerateRequest(workload="stream-16"))
+                    ]
+                    assert chunks == expected_chunks("stream-16")
+                    assert len(writers) == 1  # the same session, still open
+            async with it.connect(
+                "websocket", server.address, codec="delta", new_connection_per_request=True
+            ) as client:
+                for _ in range(2):
+                    chunks = [
+                        c async for c in client.generate(it.GenerateRequest(workload="stream-16"))
+                    ]
+                    assert chunks == expected_chunks("stream-16")
+                assert await wait_until(lambda: not writers, timeout_s=BOUND_S)
+
+    run(main())
+
+
+def test_the_websockets_client_keeps_a_session() -> None:
+    async def main() -> None:
+        async with (
+            serving("websocket", "orjson") as server,
+            ws_connect(url(server.address, CHAT + "?session=1"), proxy=None) as ws,
+        ):
+            for _ in range(2):
+                await ws.send(_openai_request().decode())
+                messages = [orjson.loads(m) async for m in _until_done(ws)]
+                text = "".join(c["choices"][0]["delta"].get("content", "") for c in messages)
+                assert text == "".join(c.text for c in expected_chunks("stream-16"))
+            await ws.close()
+            assert ws.close_code == 1000
+
+    run(main())
+
+
+async def _read_until_done(ws: Any) -> None:
+    while await ws.recv() != "[DONE]":
+        pass
+
+
+def test_a_second_request_before_done_is_a_policy_violation() -> None:
+    async def main() -> None:
+        async with (
+            serving("websocket", "orjson", decode_s=0.005) as server,
+            ws_connect(url(server.address, CHAT + "?session=1"), proxy=None) as ws,
+        ):
+            await ws.send(_openai_request("stream-256").decode())
+            await ws.recv()  # the stream has started
+            await ws.send(_openai_request().decode())
+            with pytest.raises(websockets.ConnectionClosedError):
+                await _read_until_done(ws)
+            assert ws.close_code == 1008
+            await _our_stream(server.address, "orjson")  # and the server goes on
+
+    run(main())
+
+
+def test_our_client_reads_fragments_and_answers_pings_mid_stream() -> None:
+    """Frames the fast path hands to the library: a chunk in three fragments with a ping
+    between them (control frames may come between fragments, RFC 6455 5.4)."""
+    chunks = expected_chunks("stream-16")
+    encoded = [_ORJSON.encode(c) for c in chunks]
+    third = len(encoded[3]) // 3
+    pongs: list[bytes] = []
+
+    async def fragmented(writer: asyncio.StreamWriter) -> None:
+        frames = [data_frame(e, text=True) for e in encoded[:3]]
+        frames.append(Frame(Opcode.TEXT, encoded[3][:third], fin=False).serialize(mask=False))
+        frames.append(Frame(Opcode.PING, b"mid").serialize(mask=False))
+        frames.append(
+            Frame(Opcode.CONT, encoded[3][third : 2 * third], fin=False).serialize(mask=False)
+        )
+        frames.append(Frame(Opcode.CONT, encoded[3][2 * third :]).serialize(mask=False))
+        frames += [data_frame(e, text=True) for e in encoded[4:]]
+        frames.append(data_frame(b"[DONE]", text=True))
+        for frame in frames:  # one write each: frames split across the client's reads too
+            writer.write(frame)
+            await writer.drain()
+
+    async def main() -> None:
+        async with fake_websocket_server(fragmented, pongs) as (address, closes):
+            assert await _generate(address) == chunks
+            assert await wait_until(lambda: bool(closes), timeout_s=BOUND_S)
+            assert closes == [1000]
+            assert pongs == [b"mid"]
+
+    run(main())
+
+
+def test_our_client_refuses_a_masked_frame_from_the_server() -> None:
+    async def masked(writer: asyncio.StreamWriter) -> None:
+        writer.write(_chunk_frames(2) + Frame(Opcode.TEXT, b"{}").serialize(mask=True))
+
+    async def main() -> None:
+        async with fake_websocket_server(masked) as (address, closes):
+            with pytest.raises(it.ProtocolError, match="mask"):
+                await _generate(address)
+            assert await wait_until(lambda: bool(closes), timeout_s=BOUND_S)
+            assert closes == [1002]
 
     run(main())
