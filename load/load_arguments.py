@@ -85,8 +85,9 @@ def add_load_arguments(load: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--accept-encoding",
         metavar="CODINGS",
-        help="with --api: ask for compressed answers, e.g. 'zstd, gzip, br' (sent as the "
-        "Accept-Encoding header; answers are decoded as they arrive, bounded; default: none)",
+        help="with --api, or --transport http1/http2: ask for compressed answers, e.g. "
+        "'zstd, gzip, br' (sent as the Accept-Encoding header; answers are decoded as they "
+        "arrive, bounded; default: none)",
     )
     add_workload_arguments(load)
     load.add_argument(

@@ -109,6 +109,7 @@ import inferwire.transports as it
 from inferwire._runtime import arguments, loops, signals
 from inferwire._runtime.arguments import CommandError
 from inferwire.transports import server_process
+from inferwire.transports.compression import check_accept_encoding
 from inferwire.transports.tracing import CLIENT_SERVICE, Tracer, default_endpoint
 
 from . import (
@@ -174,7 +175,12 @@ async def _sweep(
     cancelled, and the points that ended are kept."""
     tracer: Tracer | None = None
     if api is None:
-        client = open_target(args.transport, address, args.codec)
+        client = open_target(
+            args.transport,
+            address,
+            args.codec,
+            accept_encoding=getattr(args, "accept_encoding", None),
+        )
         target: Target = client
         if args.trace:
             tracer = Tracer.open(
@@ -392,6 +398,16 @@ def _check_target(args: argparse.Namespace) -> None:
         raise CommandError(f"--api {args.api}: inferwire's own server does not serve it; use --url")
     if args.url is not None and (args.prefill_ms or args.decode_ms):
         raise CommandError("--prefill-ms/--decode-ms set a --spawn'ed server")
+    coded = getattr(args, "accept_encoding", None)
+    if coded is not None and args.api is None:
+        if args.transport not in ("http1", "http2"):
+            raise CommandError(
+                f"--accept-encoding is for --api, http1 or http2, not {args.transport}"
+            )
+        try:
+            check_accept_encoding(coded)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
 
 
 async def _stoppable_sweep(
@@ -576,6 +592,8 @@ def _write_report(
     parameters = {
         "transport": args.transport,
         "codec": args.codec if api is None else None,
+        # with --api, the endpoint's parameters say it
+        "accept_encoding": getattr(args, "accept_encoding", None) if api is None else None,
         "address": args.address,
         "spawned": args.spawn,
         # a spawned server's pacing is known; another's is not, and is not invented

@@ -125,13 +125,25 @@ class ClientPool:
 
 
 def open_target(
-    transport: str, address: str, codec: str, *, limits: it.Limits = DEFAULT_LIMITS
+    transport: str,
+    address: str,
+    codec: str,
+    *,
+    limits: it.Limits = DEFAULT_LIMITS,
+    accept_encoding: str | None = None,
 ) -> it.Client | ClientPool:
     """A client for ``transport``: http1 pools connections itself, http2 and grpc multiplex
     one connection, and tcp gets a :class:`ClientPool`. ``limits.timeout_s`` bounds each
-    connect and each wait for the server."""
+    connect and each wait for the server. ``accept_encoding`` (http1 and http2 only): the
+    ``Accept-Encoding`` every request sends (``--accept-encoding``)."""
     if transport == "tcp":
         return ClientPool(lambda: it.connect(transport, address, codec=codec, limits=limits))
+    if accept_encoding is not None:
+        if transport not in ("http1", "http2"):
+            raise ValueError(f"accept-encoding is for http1 and http2, not {transport}")
+        return it.connect(
+            transport, address, codec=codec, limits=limits, accept_encoding=accept_encoding
+        )
     return it.connect(transport, address, codec=codec, limits=limits)
 
 

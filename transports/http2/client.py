@@ -5,6 +5,12 @@ Receiving, a stream's data is acknowledged (its window opened again) only once t
 taken the chunks decoded from it, so a consumer that stops reading stops the server's sending
 for that stream alone. A stream the server's GOAWAY says it never processed is sent once more,
 on a new connection (RFC 9113, section 6.8).
+
+With ``accept_encoding`` the client asks for compressed answers (``accept-encoding``); an answer
+in a content coding (gzip, br, zstd, deflate) is decoded as its DATA frames arrive, bounded as
+the HTTP/1.1 client's are (:class:`~inferwire.transports.compression.Decoder`), whether asked
+for or not: a bomb is :class:`~inferwire.transports.compression.DecompressionLimitError`, bytes
+that do not decode :class:`~inferwire.transports.compression.ContentEncodingError`.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import inferwire.codecs as ic
 
 from ..base import Client
 from ..common import ErrorMap, error_detail, map_exceptions, translate
+from ..compression import Decoder, content_coding
 from ..errors import (
     CancelledByPeerError,
     ConnectError,
@@ -73,6 +80,8 @@ class ClientProtocol(asyncio.Protocol):
         self.writer: Writer | None = None
         self.failure: Exception | None = None
         self.draining = False
+        self.received_bytes = 0
+        """Bytes read from the socket: frames as they came (compressed bodies compressed)."""
         self.lost = asyncio.Event()
         self.stream_closed = asyncio.Event()
         """Set when a stream ends or is reset: a request waiting for a stream slot (the
@@ -131,6 +140,7 @@ class ClientProtocol(asyncio.Protocol):
         self._fail_all(failure)
 
     def data_received(self, data: bytes) -> None:
+        self.received_bytes += len(data)
         try:
             events = self.conn.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -220,13 +230,19 @@ class ClientProtocol(asyncio.Protocol):
 
 
 class Http2Client(Client):
-    """One connection, every request a stream on it; opened on first use."""
+    """One connection, every request a stream on it; opened on first use.
+    ``accept_encoding``: the ``accept-encoding`` sent (e.g. ``"zstd, gzip, br"``; None: none,
+    so the server answers uncompressed)."""
 
     transport: ClassVar[str] = "http2"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    def __init__(self, *args: object, accept_encoding: str | None = None, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        if accept_encoding is not None and ("\r" in accept_encoding or "\n" in accept_encoding):
+            raise ValueError("accept_encoding must be one header line")
+        self.accept_encoding = accept_encoding
         self._protocol: ClientProtocol | None = None
+        self._received_before = 0  # by the connections before the current one
         self.connections_opened = 0
         self._connecting = asyncio.Lock()
         authority = f"[{self.host}]" if ":" in self.host else self.host
@@ -239,6 +255,10 @@ class Http2Client(Client):
             (b":scheme", self._scheme.encode()),
             (b":authority", self._authority.encode()),
         ]
+        # after the pseudo-fields, which RFC 9113 8.3 puts first
+        self._coding_fields = (
+            [] if accept_encoding is None else [(b"accept-encoding", accept_encoding.encode())]
+        )
         if self.ssl_context is not None:
             self.ssl_context.set_alpn_protocols(["h2"])
 
@@ -270,9 +290,18 @@ class Http2Client(Client):
                     if sslobj is None or sslobj.selected_alpn_protocol() != "h2":
                         transport.close()
                         raise ConnectError("http2: the server did not agree to h2 over ALPN")
+                if self._protocol is not None:
+                    self._received_before += self._protocol.received_bytes
                 self._protocol = protocol
                 self.connections_opened += 1
             return protocol
+
+    @property
+    def received_bytes(self) -> int:
+        """Bytes read from every connection so far, HTTP/2 framing and all (a compressed
+        answer counted as it crossed)."""
+        current = self._protocol.received_bytes if self._protocol is not None else 0
+        return self._received_before + current
 
     async def _open(
         self,
@@ -306,6 +335,7 @@ class Http2Client(Client):
             (b"content-type", content_type.encode()),
             (b"accept", accept.encode()),
             (b"content-length", str(len(body)).encode()),
+            *self._coding_fields,
         ]
         if timing is not None and timing.traceparent:
             headers.append((TRACEPARENT.encode(), timing.traceparent.encode()))
@@ -346,21 +376,41 @@ class Http2Client(Client):
         stream.unacked = 0
 
     async def _body(self, protocol: ClientProtocol, stream_id: int, stream: _ClientStream) -> bytes:
+        """The whole body, decoded out of its content coding; refused past the message limit
+        as it arrives (decoded by a bounded decoder, so a bomb stops at the limit)."""
+        limit = self.limits.max_message_bytes
+        decoder = self._decoder(stream, limit)
         size = 0
         parts: list[bytes] = []
         while True:
             if stream.data:
-                size += sum(map(len, stream.data))
-                parts += stream.data
+                data = b"".join(stream.data)
                 stream.data = []
-                if size > self.limits.max_message_bytes:
+                if decoder is not None:
+                    data = decoder.feed(data)
+                size += len(data)
+                parts.append(data)
+                if size > limit:
                     raise MessageTooLargeError("http2: response over the limit")
                 self._ack(protocol, stream_id, stream)
             if stream.complete:
+                if decoder is not None:
+                    decoder.close()
                 return b"".join(parts)
             if stream.failure is not None:
                 raise stream.failure
             await self._wait(stream)
+
+    def _decoder(self, stream: _ClientStream, max_bytes: int | None = None) -> Decoder | None:
+        """The decoder of the answer's content coding (None: it has none); raises
+        :class:`~inferwire.transports.compression.ContentEncodingError` for one not decoded.
+        ``max_bytes``: the most the whole body may decode to (a unary body's limit)."""
+        assert stream.headers is not None
+        coding = content_coding(stream.headers.get("content-encoding"))
+        if coding is None:
+            return None
+        limit = self.limits.max_message_bytes
+        return Decoder(coding, max_piece_bytes=limit, max_total_bytes=max_bytes)
 
     def _finish(self, protocol: ClientProtocol, stream_id: int, stream: _ClientStream) -> None:
         """Forget the stream; cancel it on the server if it did not end."""
@@ -429,15 +479,20 @@ class Http2Client(Client):
                 raise RemoteError(
                     status, error_detail(await self._body(protocol, stream_id, stream))
                 )
+            decoder = self._decoder(stream)  # a stream has no total bound: each piece has
             while True:
                 if stream.data:
                     data = b"".join(stream.data) if len(stream.data) > 1 else stream.data[0]
                     stream.data = []
+                    if decoder is not None:
+                        data = decoder.feed(data)
                     for chunk in reader.feed(data):
                         yield chunk
                     self._ack(protocol, stream_id, stream)  # consumed: open the window
                     continue
                 if stream.complete:
+                    if decoder is not None:
+                        decoder.close()
                     break
                 if stream.failure is not None:
                     if isinstance(stream.failure, StreamTruncatedError):
@@ -457,6 +512,7 @@ class Http2Client(Client):
         protocol, self._protocol = self._protocol, None
         if protocol is None:
             return
+        self._received_before += protocol.received_bytes
         if not protocol.transport.is_closing():
             with contextlib.suppress(h2.exceptions.H2Error):
                 protocol.conn.close_connection()
