@@ -43,6 +43,8 @@ def _pytest(cwd: Path, *args: str) -> str:
             "no:cacheprovider",
             "-p",
             "no:xdist",  # this test may itself run under xdist, which disables benchmarks
+            "-p",
+            "no:hypothesispytest",  # seconds of imports a run, and no benchmark uses it
             "--benchmark-max-time=0.001",
             "--benchmark-min-rounds=1",
             "--benchmark-warmup=off",
