@@ -88,11 +88,12 @@ class _Connection:
         writer: asyncio.StreamWriter,
         protocol: ClientProtocol,
         limit: int,
+        join_binary: bool,
     ) -> None:
         self.reader = reader
         self.writer = writer
         self.protocol = protocol
-        self.messages = ServerMessages(protocol, limit)
+        self.messages = ServerMessages(protocol, limit, join_binary=join_binary)
         self.pending: list[Message] = []
         self.ended = False
         """The server's close frame came, or the connection ended."""
@@ -209,7 +210,10 @@ class WebSocketClient(Client):
             timeout_s=self.limits.timeout_s,
             limit=READ_BYTES,
         )
-        conn = _Connection(reader, writer, protocol, self.limits.max_message_bytes)
+        chat = path.startswith(CHAT_PATH)
+        conn = _Connection(
+            reader, writer, protocol, self.limits.max_message_bytes, chat and self._joinable
+        )
         try:
             protocol.send_request(request)
             conn.flush()
@@ -359,8 +363,6 @@ class WebSocketClient(Client):
                     if not messages and conn.ended:
                         raise self._ended(conn, stream)
                     deadline.reschedule(None)  # the consumer's pace is not our timeout
-                    if self._joinable and len(messages) > 1:
-                        messages = _joined(messages)
                     for index, (text, payload) in enumerate(messages):
                         if text and payload == DONE:
                             if index + 1 < len(messages):
@@ -465,23 +467,6 @@ class WebSocketClient(Client):
             await unary.close()
         if self._closing:
             await asyncio.wait(list(self._closing), timeout=CLOSE_TIMEOUT_S + 1)
-
-
-def _joined(messages: list[Message]) -> list[Message]:
-    """``messages`` with each run of binary ones joined into one."""
-    out: list[Message] = []
-    run: list[Any] = []
-    for message in messages:
-        if message[0]:
-            if run:
-                out.append((False, b"".join(run)))
-                run = []
-            out.append(message)
-        else:
-            run.append(message[1])
-    if run:
-        out.append((False, b"".join(run)))
-    return out
 
 
 def _raise_timeout(exc: BaseException, what: str) -> None:

@@ -95,15 +95,20 @@ class FramedMessages:
     text or binary; :meth:`end` frames the codec's end message, if its stream has one (a
     stateful codec's). ``[DONE]`` is the transport's, written after it."""
 
-    __slots__ = ("_encode", "_end", "_text")
+    __slots__ = ("_encode", "_end", "_heads", "_text")
 
     def __init__(self, messages: StreamEncoder, *, text: bool) -> None:
         self._encode = messages.encode
         self._end = messages.end
         self._text = text
+        self._heads = _TEXT_HEADS if text else _BINARY_HEADS
 
     def encode(self, message: Any, /) -> bytes:
-        return data_frame(self._encode(message), text=self._text)
+        payload = self._encode(message)
+        size = len(payload)
+        if size < 126:  # data_frame's short case, inline: once per chunk
+            return self._heads[size] + payload
+        return data_frame(payload, text=self._text)
 
     def end(self) -> bytes:
         last = self._end()
@@ -180,14 +185,19 @@ class ServerMessages(Messages):
     ``stream-256`` benchmark). Every other frame (control frames, fragments, a masked or
     reserved-bit frame, one over the size limit, anything once a close came) goes whole to
     the library, so the protocol's checks and state machine see all they act on: a data frame
-    changes no state of theirs outside a fragmented message, which this path never takes."""
+    changes no state of theirs outside a fragmented message, which this path never takes.
 
-    __slots__ = ("_buffer", "_limit")
+    With ``join_binary``, the binary messages of one :meth:`feed` that follow each other come
+    out as one, their payloads joined: for a codec whose messages are pieces of one byte
+    stream (a stateful codec's), decoded in one call as a byte-stream transport's are."""
 
-    def __init__(self, protocol: Protocol, limit: int) -> None:
+    __slots__ = ("_buffer", "_join", "_limit")
+
+    def __init__(self, protocol: Protocol, limit: int, *, join_binary: bool = False) -> None:
         super().__init__(protocol)
         self._buffer = bytearray()
         self._limit = limit
+        self._join = join_binary
 
     def feed(self, data: bytes) -> list[Message]:
         buffer = bytes(self._buffer) + data if self._buffer else data
@@ -196,6 +206,8 @@ class ServerMessages(Messages):
         # the library's state changes only when it is given a frame: checked again then
         ours = protocol.current_size is None and protocol.state is State.OPEN
         out: list[Message] = []
+        run: list[bytes] = []  # binary payloads to join (join_binary)
+        join = self._join
         start, size = 0, len(buffer)
         while size - start >= 2:
             first, length = buffer[start], buffer[start + 1]
@@ -216,6 +228,9 @@ class ServerMessages(Messages):
                     end = start + head
                 if end > size:
                     break
+                if run:
+                    out.append((False, b"".join(run)))
+                    run = []
                 out += super().feed(buffer[start:end])
                 start = end
                 ours = protocol.current_size is None and protocol.state is State.OPEN
@@ -227,9 +242,16 @@ class ServerMessages(Messages):
             if first == _TEXT:
                 if not payload.isascii():  # ASCII is UTF-8, and the check is much cheaper
                     self._check_text(payload)
+                if run:
+                    out.append((False, b"".join(run)))
+                    run = []
                 out.append((True, payload))
+            elif join:
+                run.append(payload)
             else:
                 out.append((False, payload))
+        if run:
+            out.append((False, run[0] if len(run) == 1 else b"".join(run)))
         self._buffer = bytearray(buffer[start:]) if start < size else bytearray()
         return out
 
