@@ -184,6 +184,13 @@ def add_commands(commands: Commands) -> None:
         "streams flushed per event) and gzips grpc's; a coding offers only it; off, as vLLM "
         "serves",
     )
+    srv.add_argument(
+        "--allow-client-shm",
+        action="store_true",
+        help="let KServe v2 clients (http1, http2, grpc) register system shared memory regions, "
+        "as Triton's --allow-client-shm: off by default, because a client that registers a "
+        "region makes the server open, read and write any /dev/shm object the server's user can",
+    )
     add_loop_argument(srv)
     add_trace_arguments(srv, "each stream's stages")
     srv.set_defaults(run=_serve)

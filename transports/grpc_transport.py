@@ -144,13 +144,23 @@ def _request_to_pb(request: GenerateRequest) -> pb.GenerateRequest:
 
 
 class GrpcServer(Server):
-    """``compression``: ``"gzip"`` or ``"deflate"`` for the answers' messages (None: none)."""
+    """``compression``: ``"gzip"`` or ``"deflate"`` for the answers' messages (None: none).
+    ``allow_client_shm``: whether KServe clients may register shared memory regions
+    (``serve --allow-client-shm``, :mod:`.kserve_shm`); :meth:`stop` unmaps them."""
 
     transport: ClassVar[str] = "grpc"
 
-    def __init__(self, *args: object, compression: str | None = None, **kwargs: object) -> None:
+    def __init__(
+        self,
+        *args: object,
+        compression: str | None = None,
+        allow_client_shm: bool = False,
+        **kwargs: object,
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.compression = grpc_compression(compression)
+        self.allow_client_shm = allow_client_shm
+        self._kserve: kserve_grpc.KServeGrpc | None = None
         self._grpc: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
         self._standard: StandardServices | None = None
@@ -167,7 +177,10 @@ class GrpcServer(Server):
             "Session": grpc.stream_stream_rpc_method_handler(self._session),
         }
         # KServe v2 / Open Inference Protocol
-        kserve = kserve_grpc.KServeGrpc(self.service, metrics=self.metrics)
+        kserve = kserve_grpc.KServeGrpc(
+            self.service, metrics=self.metrics, allow_client_shm=self.allow_client_shm
+        )
+        self._kserve = kserve
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, handlers), kserve.handler())
         )
@@ -199,6 +212,8 @@ class GrpcServer(Server):
             await self._standard.stopping()
         if server is not None:
             await server.stop(grace=1.0)
+        if self._kserve is not None:  # after the calls that may still read a region
+            self._kserve.close()
         self._stopped.set()
 
     # -- handlers: bytes in, bytes out ----------------------------------------------------

@@ -70,6 +70,7 @@ class HttpApp:
         tracer: Tracer | None = None,
         openai: OpenAIOptions | None = None,
         compression: Compression | None = None,
+        allow_client_shm: bool = False,
     ) -> None:
         self.service = service
         self.codec = codec
@@ -79,7 +80,14 @@ class HttpApp:
         """Content codings (``serve --compress``): of the answers, and of request bodies, which
         are decoded before any route reads them; None: none (a route refuses a coded body)."""
         self.openai = OpenAIApi(service, codec, metrics=metrics, tracer=tracer, options=openai)
-        self.kserve = KServeHttp(service, codec, metrics=metrics)
+        self.kserve = KServeHttp(service, codec, metrics=metrics, allow_client_shm=allow_client_shm)
+        """``allow_client_shm``: whether KServe clients may register shared memory regions
+        (``serve --allow-client-shm``, :mod:`.kserve_shm`)."""
+
+    def close(self) -> None:
+        """Unmap what the routes hold (the KServe clients' shared memory regions): the server
+        stops, and a region must not outlive it until garbage collection."""
+        self.kserve.close()
 
     def handle(
         self,

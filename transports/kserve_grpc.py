@@ -29,12 +29,18 @@ Without it nothing marks the end but the last chunk's ``finish_reason``, as in T
 
 **Tensors** come in ``raw_input_contents`` or in each input's typed ``contents``; outputs go
 in ``raw_output_contents``, as Triton sends them. A requested output list selects outputs.
+Triton's system shared memory extension (``SystemSharedMemory*``, :mod:`.kserve_shm`): inputs
+and requested outputs whose parameters name a registered region are read from and written into
+it; the ``CudaSharedMemory*`` calls answer as a Triton built without GPUs does.
 
 **Errors.** A request the protocol or the model refuses is ``INVALID_ARGUMENT``; an unknown
-model version ``NOT_FOUND``. On ``ModelStreamInfer`` a refused request is answered with
-``error_message`` and the call goes on, as Triton does; bytes that are not a
-``ModelInferRequest`` end the call with ``INVALID_ARGUMENT``. Every message is parsed inside its
-handler (not in gRPC's deserializer), so malformed bytes are never gRPC's ``INTERNAL``.
+model version or shared memory region ``NOT_FOUND``; a region name registered twice
+``ALREADY_EXISTS``; register and unregister on a server that takes no client regions
+``UNIMPLEMENTED`` (Triton's codes, :mod:`.kserve_shm`). On ``ModelStreamInfer`` a refused
+request is answered with ``error_message`` and the call goes on, as Triton does; bytes that are
+not a ``ModelInferRequest`` end the call with ``INVALID_ARGUMENT``. Every message is parsed
+inside its handler (not in gRPC's deserializer), so malformed bytes are never gRPC's
+``INTERNAL``.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ import inferwire.codecs as ic
 from inferwire.codecs.kserve_proto import read_inputs, write_outputs
 from inferwire.schemas.kserve import inference_pb2 as kpb
 
+from . import kserve_shm, kserve_shm_wire
 from .errors import BadRequestError, NotFoundError
 from .service import GenerateRequest, SimulatedService, TokenStream
 from .timing import now_ns
@@ -74,9 +81,9 @@ SERVER_NAME: Final = "inferwire"
 MODEL_VERSION: Final = "1"
 ECHO_PLATFORM: Final = "inferwire_echo"
 STREAM_PLATFORM: Final = "inferwire_token_stream"
-EXTENSIONS: Final = ("parameters",)
+EXTENSIONS: Final = ("parameters", kserve_shm.EXTENSION)
 """The request and response ``parameters`` are read and written (Triton's final-response flag
-travels in them)."""
+travels in them); Triton's system shared memory extension."""
 ENABLE_FINAL: Final = "triton_enable_empty_final_response"
 FINAL: Final = "triton_final_response"
 STREAM_OUTPUTS: Final = (
@@ -114,6 +121,9 @@ def _parse(message_type: type[M], data: bytes) -> M:
 
 
 def _status(exc: BadRequestError) -> grpc.StatusCode:
+    code = getattr(exc, "grpc_code", None)  # the shared memory extension's (kserve_shm)
+    if code is not None:
+        return grpc.StatusCode[code]
     if isinstance(exc, NotFoundError):
         return grpc.StatusCode.NOT_FOUND
     return grpc.StatusCode.INVALID_ARGUMENT
@@ -221,12 +231,26 @@ def _bytes_array(element: bytes) -> np.ndarray[Any, Any]:
 
 class KServeGrpc:
     """``inference.GRPCInferenceService`` on ``service``: :meth:`handler` is what a
-    ``grpc.aio`` server adds. With ``metrics``, each request is recorded there."""
+    ``grpc.aio`` server adds. With ``metrics``, each request is recorded there.
+    ``allow_client_shm``: whether clients may register shared memory regions (off by
+    default, ``serve --allow-client-shm``; :mod:`.kserve_shm`)."""
 
-    def __init__(self, service: SimulatedService, *, metrics: ServerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        service: SimulatedService,
+        *,
+        metrics: ServerMetrics | None = None,
+        allow_client_shm: bool = False,
+    ) -> None:
         self.service = service
         self.version = _server_version()
         self.metrics = metrics
+        self.shm = kserve_shm.SystemSharedMemory(allow=allow_client_shm)
+        """The shared memory regions clients registered with this server."""
+
+    def close(self) -> None:
+        """Unregister every shared memory region (the server stops)."""
+        self.shm.close()
 
     def handler(self) -> grpc.GenericRpcHandler:
         unary: dict[str, tuple[type[Any], Callable[[Any], protobuf_message.Message]]] = {
@@ -236,6 +260,30 @@ class KServeGrpc:
             "ModelReady": (kpb.ModelReadyRequest, self.model_ready),
             "ModelMetadata": (kpb.ModelMetadataRequest, self.model_metadata),
             "ModelInfer": (kpb.ModelInferRequest, self.model_infer),
+            "SystemSharedMemoryStatus": (
+                kpb.SystemSharedMemoryStatusRequest,
+                self.system_shared_memory_status,
+            ),
+            "SystemSharedMemoryRegister": (
+                kpb.SystemSharedMemoryRegisterRequest,
+                self.system_shared_memory_register,
+            ),
+            "SystemSharedMemoryUnregister": (
+                kpb.SystemSharedMemoryUnregisterRequest,
+                self.system_shared_memory_unregister,
+            ),
+            "CudaSharedMemoryStatus": (
+                kpb.CudaSharedMemoryStatusRequest,
+                kserve_shm_wire.cuda_proto_status,
+            ),
+            "CudaSharedMemoryRegister": (
+                kpb.CudaSharedMemoryRegisterRequest,
+                kserve_shm_wire.cuda_proto_register,
+            ),
+            "CudaSharedMemoryUnregister": (
+                kpb.CudaSharedMemoryUnregisterRequest,
+                lambda _: kpb.CudaSharedMemoryUnregisterResponse(),  # there is no CUDA region
+            ),
         }
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(_unary(request_type, answer, self.metrics))
@@ -283,6 +331,23 @@ class KServeGrpc:
                 "ModelStreamInfer"
             )
         return self._echo(request)
+
+    def system_shared_memory_status(
+        self, request: kpb.SystemSharedMemoryStatusRequest
+    ) -> kpb.SystemSharedMemoryStatusResponse:
+        return kserve_shm_wire.proto_status(self.shm, request)
+
+    def system_shared_memory_register(
+        self, request: kpb.SystemSharedMemoryRegisterRequest
+    ) -> kpb.SystemSharedMemoryRegisterResponse:
+        self.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return kpb.SystemSharedMemoryRegisterResponse()
+
+    def system_shared_memory_unregister(
+        self, request: kpb.SystemSharedMemoryUnregisterRequest
+    ) -> kpb.SystemSharedMemoryUnregisterResponse:
+        self.shm.unregister(request.name)
+        return kpb.SystemSharedMemoryUnregisterResponse()
 
     async def stream_answers(
         self, request: kpb.ModelInferRequest, meter: RequestMeter | None = None
@@ -353,16 +418,14 @@ class KServeGrpc:
         )
 
     def _echo(self, request: kpb.ModelInferRequest) -> kpb.ModelInferResponse:
-        try:
-            inputs = read_inputs(request)
-        except ic.DecodeError as exc:
-            raise BadRequestError(str(exc)) from exc
+        inputs = kserve_shm_wire.read_proto_inputs(self.shm, request)
         echoed = self.service.infer(
             ic.InferRequest(model=request.model_name, id=request.id, inputs=inputs)
         )
         produced = {tensor.name: tensor for tensor in echoed.outputs}
         response = self._response(request)
-        write_outputs(response, (produced[name] for name in _requested(request, list(produced))))
+        chosen = (produced[name] for name in _requested(request, list(produced)))
+        kserve_shm_wire.write_proto_outputs(self.shm, response, request, chosen)
         return response
 
     def _open(self, request: kpb.ModelInferRequest) -> tuple[TokenStream, frozenset[str]]:

@@ -18,6 +18,10 @@ POST     /v2/models/{m}[/versions/{v}]/infer         inference
 POST     /v2/models/{m}[/versions/{v}]/generate      Triton's generate extension: one JSON
          .../generate_stream                         answer, or server-sent events
                                                      (:mod:`.kserve_generate`)
+GET      /v2/systemsharedmemory[/region/{r}]/status  Triton's system shared memory extension
+POST     /v2/systemsharedmemory/region/{r}/register  (:mod:`.kserve_shm_wire`); the CUDA one's
+POST     /v2/systemsharedmemory[/region/{r}]/        routes (``cudasharedmemory``) answer as a
+         unregister                                  Triton without GPUs does
 =======  ==========================================  ==========================================
 
 **The model.** The simulated service has one model, an echo (input ``i`` comes back as
@@ -38,12 +42,14 @@ codec. Anything else is a 415.
 
 **Errors** are ``{"error": "<message>"}``: 400 for a request the protocol or the model refuses,
 404 for an unknown route or model version, 405 for a method a route does not take, 415 for a
-content type or encoding that is not read. Nothing a client sends raises out of
-:meth:`KServeHttp.handle`.
+content type or encoding that is not read. The shared memory extension's errors carry their
+status, as Triton answers them (:mod:`.kserve_shm`: 404 for a region not registered, 501 when
+client regions are not allowed). Nothing a client sends raises out of :meth:`KServeHttp.handle`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import re
@@ -56,8 +62,8 @@ import inferwire.codecs as ic
 from inferwire.codecs import kserve
 from inferwire.codecs.base import DEFAULT_MAX_DEPTH, DEFAULT_MAX_ELEMENTS
 
-from . import kserve_generate
-from .errors import BadRequestError
+from . import kserve_generate, kserve_shm, kserve_shm_wire
+from .errors import BadRequestError, NotFoundError
 from .http_response import Response
 from .service import SimulatedService
 
@@ -67,7 +73,7 @@ if TYPE_CHECKING:
 SERVER_NAME: Final = "inferwire"
 MODEL_VERSION: Final = "1"
 PLATFORM: Final = "inferwire_echo"
-EXTENSIONS: Final = ("binary_tensor_data", "generate")
+EXTENSIONS: Final = ("binary_tensor_data", "generate", kserve_shm.EXTENSION)
 HEADER_LENGTH: Final = "inference-header-content-length"
 
 _JSON: Final = "application/json"
@@ -79,10 +85,10 @@ _MODEL_PATH: Final = re.compile(
     r"(/ready|/infer|/generate|/generate_stream)?"
 )
 _HEADER_LENGTH_VALUE: Final = re.compile(r"[0-9]{1,19}")
-_UNSERVED_OUTPUT_PARAMETERS: Final = {
-    "classification": "the classification extension",
-    "shared_memory_region": "the shared-memory extensions",
-}
+_UNSERVED_OUTPUT_PARAMETERS: Final = {"classification": "the classification extension"}
+_SHM_PARAMETER: Final = b"shared_memory_"
+"""In a request's JSON only when a tensor uses a region (or escapes its name, which the decoder
+then refuses): the common request pays one search."""
 
 
 @functools.cache
@@ -118,6 +124,11 @@ def kserve_error(
 
 def _media(value: str) -> str:
     return value.split(";", 1)[0].strip().lower()
+
+
+def _refused(exc: Exception) -> Response:
+    status = getattr(exc, "http_status", 404 if isinstance(exc, NotFoundError) else 400)
+    return kserve_error(status, str(exc))
 
 
 def _method(method: str, allowed: str) -> Response | None:
@@ -168,7 +179,8 @@ class KServeHttp:
     """The ``/v2`` routes of ``service``; ``codec`` reads and writes the bodies of inferwire's
     own clients (see the module docstring). ``max_depth`` and ``max_elements`` hold the JSON of
     a protocol request, as they hold a codec's input. With ``metrics``, a stream's answer carries
-    its meter."""
+    its meter. ``allow_client_shm``: whether clients may register shared memory regions (off by
+    default, ``serve --allow-client-shm``; :mod:`.kserve_shm`)."""
 
     def __init__(
         self,
@@ -178,6 +190,7 @@ class KServeHttp:
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_elements: int = DEFAULT_MAX_ELEMENTS,
         metrics: ServerMetrics | None = None,
+        allow_client_shm: bool = False,
     ) -> None:
         self.service = service
         self.codec = codec
@@ -189,6 +202,12 @@ class KServeHttp:
             if codec.media_type != _JSON and ic.InferRequest in codec.types
             else None
         )
+        self.shm = kserve_shm.SystemSharedMemory(allow=allow_client_shm)
+        """The shared memory regions clients registered with this server."""
+
+    def close(self) -> None:
+        """Unregister every shared memory region (the server stops)."""
+        self.shm.close()
 
     def handle(
         self,
@@ -209,6 +228,8 @@ class KServeHttp:
             return _method(method, "GET") or Response(200 if ready else 400, _EMPTY)
         if path == "/v2":
             return _method(method, "GET") or Response(200, _JSON, orjson.dumps(server_metadata()))
+        if path.startswith(kserve_shm_wire.HTTP_PREFIXES):
+            return self._shared_memory(method, path, body)
         match = _MODEL_PATH.fullmatch(path)
         if match is None:
             return kserve_error(404, f"no route {path}"[:300])
@@ -254,25 +275,82 @@ class KServeHttp:
                 f"with binary tensor data){mine}, not {media!r}",
             )
         try:
-            request = kserve.decode_request(
-                body,
-                model=model,
-                json_length=_json_length(headers),
-                max_depth=self.max_depth,
-                max_elements=self.max_elements,
-            )
+            request = self._decode(model, _json_length(headers), body)
             response = self.service.infer(request.request)
+            chosen = select_outputs(response, request)
+            spans = kserve_shm_wire.json_output_spans(request.outputs)
+            for tensor, _ in chosen:
+                if tensor.name in spans:
+                    self.shm.write_tensor(tensor, spans[tensor.name])
             parts, json_length = kserve.encode_response(
                 response,
-                select_outputs(response, request),
+                [(tensor, binary) for tensor, binary in chosen if tensor.name not in spans],
                 id=request.id,
                 model_version=MODEL_VERSION,
             )
+            if spans:  # their entries, without data
+                order = [tensor for tensor, _ in chosen]
+                parts[0] = kserve_shm_wire.with_region_outputs(bytes(parts[0]), order, spans)
+                json_length = None if json_length is None else len(parts[0])
         except (ic.CodecError, BadRequestError) as exc:
-            return kserve_error(400, str(exc))
+            return _refused(exc)
         if json_length is None:
             return Response(200, _JSON, b"".join(parts))
         return Response(200, _BINARY, b"".join(parts), headers=[(HEADER_LENGTH, str(json_length))])
+
+    def _decode(self, model: str, json_length: int | None, body: bytes) -> kserve.KServeRequest:
+        """The protocol's request; inputs that name a shared memory region are read from it."""
+        end = len(body) if json_length is None else json_length
+        if not 0 <= end <= len(body) or body.find(_SHM_PARAMETER, 0, end) < 0:
+            return kserve.decode_request(
+                body,
+                model=model,
+                json_length=json_length,
+                max_depth=self.max_depth,
+                max_elements=self.max_elements,
+            )
+        obj = kserve.load_json(memoryview(body)[:end], self.max_depth, self.max_elements)
+        taken = kserve_shm_wire.split_json_inputs(obj, self.shm) if type(obj) is dict else []
+        head = orjson.dumps(obj)  # the JSON without them, for the decoder
+        request = kserve.decode_request(
+            head if json_length is None else head + memoryview(body)[end:],
+            model=model,
+            json_length=None if json_length is None else len(head),
+            max_depth=self.max_depth,
+            max_elements=self.max_elements,
+        )
+        if not taken:
+            return request
+        inputs = kserve_shm_wire.merge_inputs(request.request.inputs, taken)
+        model_request = dataclasses.replace(request.request, inputs=inputs)
+        return dataclasses.replace(request, request=model_request)
+
+    def _shared_memory(self, method: str, path: str, body: bytes) -> Response:
+        try:
+            route = kserve_shm_wire.http_route(path)
+        except BadRequestError as exc:
+            return _refused(exc)
+        if route is None:
+            return kserve_error(404, f"no route {path}"[:300])
+        kind, region, action = route
+        refused = _method(method, "GET" if action == "status" else "POST")
+        if refused is not None:
+            return refused
+        try:
+            answer = kserve_shm_wire.http_call(
+                self.shm,
+                kind,
+                region,
+                action,
+                body,
+                max_depth=self.max_depth,
+                max_elements=self.max_elements,
+            )
+        except BadRequestError as exc:
+            return _refused(exc)
+        if answer is None:
+            return Response(200, _EMPTY)
+        return Response(200, _JSON, orjson.dumps(answer))
 
     def _infer_codec(self, model: str, body: bytes) -> Response:
         try:

@@ -22,6 +22,10 @@ metrics, a trace, the per-request metrics or the stamps file.
 requests in the coding their ``Accept-Encoding`` weighs highest (zstd, gzip, br; streams flushed
 per event, :mod:`inferwire.transports.compression`) and decodes compressed request bodies;
 on grpc it compresses the answers' messages with gzip.
+
+``--allow-client-shm`` (off, as Triton's): KServe clients (http1, http2, grpc) may register
+system shared memory regions (:mod:`inferwire.transports.kserve_shm`); the server unmaps them
+when it stops.
 """
 
 from __future__ import annotations
@@ -95,10 +99,14 @@ class ServeOptions:
     stamps_file: str | None = None
     compress: str = "off"
     """``--compress``: :data:`COMPRESS_CHOICES` (:func:`_compression` says what each is)."""
+    allow_client_shm: bool = False
+    """``--allow-client-shm``: KServe clients may register system shared memory regions."""
 
 
 OPENAI_TRANSPORTS: Final = ("http1", "http2")
 """The transports that serve the OpenAI API."""
+KSERVE_TRANSPORTS: Final = ("http1", "http2", "grpc")
+"""The transports that serve KServe v2, and so its shared memory extension."""
 COMPRESS_CHOICES: Final = ("off", "auto", "zstd", "br", "gzip", "deflate")
 """``--compress``: off by default, as vLLM, SGLang and TGI serve (a frontend's CPU is what
 limits it, and on loopback or a LAN the bytes cost less than compressing them); ``auto``
@@ -183,6 +191,14 @@ async def _serve(args: ServeOptions) -> None:
         stamped = bool(metrics or tracer or stamps_file or args.enable_per_request_metrics)
         engine, service = await _engine_service(args, want_stamps=stamped)
     options: dict[str, object] = _compression(args)
+    if args.allow_client_shm:
+        if args.transport not in KSERVE_TRANSPORTS:
+            raise CommandError(
+                f"--allow-client-shm is for KServe v2, which --transport "
+                f"{', '.join(KSERVE_TRANSPORTS[:-1])} and {KSERVE_TRANSPORTS[-1]} serve, "
+                f"not {args.transport}"
+            )
+        options["allow_client_shm"] = True
     if args.transport in OPENAI_TRANSPORTS:
         options["registry"] = default_registry()
         options["openai"] = OpenAIOptions(

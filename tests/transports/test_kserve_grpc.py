@@ -150,6 +150,12 @@ def test_every_method_is_tritonclients() -> None:
         "ModelMetadata",
         "ModelInfer",
         "ModelStreamInfer",
+        "SystemSharedMemoryStatus",
+        "SystemSharedMemoryRegister",
+        "SystemSharedMemoryUnregister",
+        "CudaSharedMemoryStatus",
+        "CudaSharedMemoryRegister",
+        "CudaSharedMemoryUnregister",
     }
 
 

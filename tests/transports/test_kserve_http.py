@@ -90,7 +90,7 @@ def test_metadata_as_tritonclient_reads_it(client: triton.InferenceServerClient)
     server = client.get_server_metadata()
     assert server["name"] == "inferwire"
     assert isinstance(server["version"], str)
-    assert server["extensions"] == ["binary_tensor_data", "generate"]
+    assert server["extensions"] == ["binary_tensor_data", "generate", "system_shared_memory"]
     model = client.get_model_metadata("resnet_50", "1")
     assert model == {
         "name": "resnet_50",
@@ -278,7 +278,11 @@ def test_health_and_metadata_routes(transport: str) -> None:
     answers = _answers(transport, [("GET", path, b"", {}) for path in paths])
     assert [a.status_code for a in answers] == [200] * len(paths)
     assert [a.content for a in answers[:4]] == [b""] * 4  # the spec: "should be empty"
-    assert answers[4].json()["extensions"] == ["binary_tensor_data", "generate"]
+    assert answers[4].json()["extensions"] == [
+        "binary_tensor_data",
+        "generate",
+        "system_shared_memory",
+    ]
     assert answers[5].json() == answers[6].json()
     assert answers[5].json()["name"] == "m"
 

@@ -194,6 +194,7 @@ class Http1Server(Server):
         registry: SchemaRegistry | None = None,
         openai: OpenAIOptions | None = None,
         compression: Compression | None = None,
+        allow_client_shm: bool = False,
         **kwargs: object,
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -205,10 +206,15 @@ class Http1Server(Server):
             tracer=self.tracer,
             openai=openai,
             compression=compression,
+            allow_client_shm=allow_client_shm,
         )
 
     async def start(self) -> tuple[str, int]:
         return await self._serve_streams(self._handle, READ_BYTES)
+
+    async def stop(self) -> None:
+        await super().stop()
+        self.app.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._track()

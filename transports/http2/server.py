@@ -504,6 +504,7 @@ class Http2Server(Server):
         registry: SchemaRegistry | None = None,
         openai: OpenAIOptions | None = None,
         compression: Compression | None = None,
+        allow_client_shm: bool = False,
         **kwargs: object,
     ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -515,6 +516,7 @@ class Http2Server(Server):
             tracer=self.tracer,
             openai=openai,
             compression=compression,
+            allow_client_shm=allow_client_shm,
         )
         self.protocols: set[ServerProtocol] = set()
         self.handlers_peak = 0
@@ -539,3 +541,4 @@ class Http2Server(Server):
         for protocol in list(self.protocols):
             protocol.transport.abort()
         await super().stop()
+        self.app.close()
