@@ -15,7 +15,8 @@ from inferwire.bench.runner import run
 
 BENCH_DESCRIPTION: Final = """\
 Runs the standard benchmark matrix (the pytest-benchmark suites bench_*.py: codecs, transports,
-connections, stages, load, peers, serving, faults, instructions, engine), each --repeat times
+grpc, connections, stages, load, peers, serving, compression, kserve_shm (KServe shared memory),
+vllm_hop (the vLLM-style frontend-engine hop), faults, instructions, engine), each --repeat times
 in a fresh process (the faults suite once: its figures are counts, not timings; the
 instruction counts under callgrind once: they are the same in every process; the engine suite
 once: its virtual-clock figures are the same in every process, and its real-stack points
@@ -47,6 +48,7 @@ def _bench(args: argparse.Namespace) -> int:
         force=args.force,
         expression=args.filter,
         loop=args.loop,
+        suites=args.suite,
     )
 
 
@@ -95,6 +97,15 @@ def add_commands(commands: Commands) -> None:
         dest="filter",
         metavar="EXPRESSION",
         help="only benchmarks whose names match (pytest -k), e.g. 'protobuf and stream-256'",
+    )
+    bench.add_argument(
+        "--suite",
+        action="append",
+        choices=run.suite_names(),
+        metavar="NAME",
+        help="only this suite (repeat the option for more; default: all): "
+        + ", ".join(run.suite_names())
+        + ". The other suites' published results are kept",
     )
     add_loop_argument(bench)
     bench.set_defaults(run=_bench)

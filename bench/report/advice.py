@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from . import grpc, serving
+from . import grpc, kserve_shm, serving, vllm_hop
 from .codecs import VARIANTS
 from .results import CODECS_RAW, CONNECTIONS_RAW, STAGES_RAW, TRANSPORTS_RAW, records
 from .tables import table
@@ -204,7 +204,9 @@ def rows(raw_dir: Path) -> list[list[str]]:
         )
     out += _server_rows(raw_dir)
     out += grpc.advice_rows(raw_dir, TIE)  # grpcio or grpclib, when the run measured grpclib
+    out += kserve_shm.advice_rows(raw_dir, TIE)  # a big tensor on the server's host
     out += _websocket_rows(raw_dir)
+    out += vllm_hop.advice_rows(raw_dir)
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from inferwire.transports.timing import REQUEST_STAGES
 
-from . import codecs_plot, engine, figures, load_plot, peers, stages, transports
+from . import codecs_plot, engine, figures, load_plot, peers, stages, transports, vllm_hop
 from .engine_records import one
 from .figures import DATA_SUFFIX, PLOTS_DIR, Panel, Plot, Series
 from .results import STAGES_RAW, Result, records
@@ -111,6 +111,7 @@ def write(raw_dir: Path, out_dir: Path, results: Sequence[Result]) -> list[Path]
         *transports.plot(raw_dir, out_dir),
         *peers.plot(raw_dir, out_dir),
         *load_plot.plot(raw_dir, out_dir),
+        *vllm_hop.plot(raw_dir, out_dir),
     ]
     drawn = {path.stem for path in written if path.suffix == ".png"}
     written += [

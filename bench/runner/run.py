@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -25,6 +26,7 @@ from inferwire._runtime.loops import LOOP_ENV
 from inferwire.bench.report import results
 from inferwire.bench.report.engine import ENGINE_RAW
 from inferwire.bench.report.instructions import INSTRUCTIONS_RAW
+from inferwire.bench.report.vllm_hop import VLLM_HOP_RAW
 from inferwire.bench.runner import merge
 
 STAGING: Final = "raw-staging"
@@ -50,6 +52,8 @@ SUITES = (
     ("bench_peers.py", results.PEERS_RAW, True),
     ("bench_serving.py", results.SERVING_RAW, True),
     ("bench_compression.py", results.COMPRESSION_RAW, True),
+    ("bench_kserve_shm.py", results.KSERVE_SHM_RAW, True),
+    ("bench_vllm_hop.py", VLLM_HOP_RAW, True),
     ("bench_faults.py", results.FAULTS_RAW, False),
     ("bench_instructions.py", INSTRUCTIONS_RAW, False),
     # the engine's virtual clock is deterministic (the same figures in every process), and its
@@ -98,6 +102,11 @@ def _suite_command(
     return command
 
 
+def suite_names() -> list[str]:
+    """The suites' short names (``bench_codecs.py`` is ``codecs``), for ``--suite``."""
+    return [suite.removeprefix("bench_").removesuffix(".py") for suite, _, _ in SUITES]
+
+
 def run_matrix(
     out: Path,
     *,
@@ -106,11 +115,21 @@ def run_matrix(
     force: bool = False,
     expression: str | None = None,
     loop: str = "auto",
+    suites: Sequence[str] | None = None,
 ) -> int:
-    """Runs the suites (only the benchmarks that the pytest ``-k`` ``expression`` matches)
-    ``repeats`` times with ``max_time`` seconds of rounds per benchmark, on ``loop``, publishes
-    their merged results to ``out/raw/`` and writes ``out/README.md``: exit status 0, a
-    suite's status if one failed, :data:`UNSTABLE_EXIT` if the run was not published."""
+    """Runs the suites (those named in ``suites``, all if None; only the benchmarks that the
+    pytest ``-k`` ``expression`` matches) ``repeats`` times with ``max_time`` seconds of rounds
+    per benchmark, on ``loop``, publishes their merged results to ``out/raw/`` (the suites that
+    did not run keep theirs) and writes ``out/README.md``: exit status 0, a suite's status if
+    one failed, :data:`UNSTABLE_EXIT` if the run was not published."""
+    unknown = sorted(set(suites or ()) - set(suite_names()))
+    if unknown:
+        raise CommandError(f"no suite {', '.join(unknown)}: the suites are {suite_names()}")
+    chosen = [
+        entry
+        for entry, name in zip(SUITES, suite_names(), strict=True)
+        if suites is None or name in suites
+    ]
     # the suites run in another process: find a missing library before starting it
     extras.require("bench", "inferwire bench")
     loops.resolve(loop)  # uvloop asked for and missing: said before any suite runs
@@ -129,7 +148,7 @@ def run_matrix(
     # repeats outermost: each suite's repeats are spread over the whole session, so a slow
     # spell of the machine lands in one repeat of several suites, not in every repeat of one
     for repeat in range(1, repeats + 1):
-        for suite, raw_name, repeated in SUITES:
+        for suite, raw_name, repeated in chosen:
             if repeat > 1 and (raw_name not in ran or not repeated):
                 continue  # nothing matched -k in the first repeat, or once is enough
             path = staging / REPEATS_DIR / str(repeat) / raw_name
