@@ -4,8 +4,9 @@ The merge of the repeats: test_bench_merge.py; how the report shows them:
 test_bench_runs_report.py.
 
 The refusal and the publishing are checked on constructed files; the command runs
-end to end once for real (every suite is started; a ``-k`` keeps the work to two codec
-benchmarks), and on tiny suites written by the tests where a run must fail or be unstable.
+end to end once for real (``--suite`` starts two suites, and a ``-k`` keeps the work to two
+codec benchmarks: the other suite matches nothing, and keeps its results), and on tiny suites
+written by the tests where a run must fail or be unstable.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Final
 
 import pytest
 
+from inferwire._runtime.arguments import CommandError
 from inferwire.bench.runner import merge
 from inferwire.bench.runner import run as bench_run
 from tests.bench.bench_run_helpers import (
@@ -264,6 +266,10 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         str(out / "results"),
         "--repeat",
         "2",
+        "--suite",
+        "codecs",
+        "--suite",
+        "faults",
         "-k",
         SELECTED,
         "--max-time",
@@ -280,6 +286,7 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=False,
     )
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    (out / "stdout.txt").write_text(finished.stdout)
     return out / "results"
 
 
@@ -298,6 +305,9 @@ def test_the_command_publishes_the_merge_and_every_repeat(real_run: Path) -> Non
     assert merged["run"]["repeats"] == 2
     assert merged["run"]["filter"] == SELECTED
     assert merged["run"]["suites"] == ["codecs.json"]
+    printed = (real_run.parent / "stdout.txt").read_text()
+    assert "bench_faults.py: nothing matches -k" in printed  # started, and kept its results
+    assert "bench_transports.py" not in printed  # not one of the --suite
     names = sorted(b["name"] for b in merged["benchmarks"])
     # bench_codec[encode-tensor-image-fp32] matches -k too, but it is `standalone`: the
     # standard run leaves it to pytest --benchmark-compare
@@ -346,3 +356,9 @@ def test_a_run_of_suites_other_than_the_codecs_is_published(
     assert bench_run.run_matrix(out, max_time=0.01) == 0
     assert json.loads((out / "raw" / "two.json").read_text())["benchmarks"]
     assert not (out / "raw" / bench_run.REPEATS_DIR).exists()  # one repeat: its file is the merge
+
+
+def test_an_unknown_suite_is_refused_before_any_runs(tmp_path: Path) -> None:
+    with pytest.raises(CommandError, match="no suite nope"):
+        bench_run.run_matrix(tmp_path / "out", suites=["codecs", "nope"])
+    assert not (tmp_path / "out").exists()
