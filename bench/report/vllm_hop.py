@@ -37,6 +37,8 @@ PAIRS: Final = (("msgspec-oob", "pickle5-oob"), ("msgspec-inband", "pickle-inban
 ZERO_COPY: Final = (("msgspec-oob", "msgspec-inband"), ("pickle5-oob", "pickle-inband"))
 """Out of band (zero-copy) against in band, per serializer."""
 LOGPROBS_FLOATS: Final = 128 * 1024
+TIE: Final = 0.10
+"""Frontend costs this close are named together (as advice.py's ``TIE``)."""
 OLD_PATH: Final = "pickle-inband"
 """What vLLM's hop was before msgspec (PR 6883's ZMQ + pickle)."""
 
@@ -531,10 +533,16 @@ def section(raw_dir: Path) -> str:
     return "\n".join(out)
 
 
+def _encode_us(cell: Cell) -> float:
+    return float(cell.figures["engine_encode_us"])
+
+
 def advice_rows(raw_dir: Path) -> list[list[str]]:
     """The hop's row of "What should I use?" (none without the file): the codec and transport
-    with the least frontend CPU per step in the logprobs case at its largest batch, its margin
-    over the old path (pickle in band), and what changes across hosts."""
+    with the least frontend CPU per step in the logprobs case at its largest batch (with the
+    codecs within ``TIE`` of it on that transport, and their engine encode beside the best's:
+    the run cannot tell their frontend costs apart, the engine's it can), its margin over the
+    old path (pickle in band), and what changes across hosts."""
     index = _index(cells(raw_dir))
     chosen = [c for k, c in index.items() if k[0] == "logprobs"]
     if not chosen:
@@ -542,6 +550,26 @@ def advice_rows(raw_dir: Path) -> list[list[str]]:
     big = max(c.batch for c in chosen)
     at_big = [c for c in chosen if c.batch == big]
     best = min(at_big, key=lambda c: c.frontend_us)
+    near = sorted(
+        (
+            c
+            for c in at_big
+            if c is not best
+            and c.transport == best.transport
+            and c.frontend_us <= best.frontend_us * (1 + TIE)
+        ),
+        key=lambda c: c.frontend_us,
+    )
+    use = f"`{best.codec}` over `{best.transport}`"
+    if near:
+        encode = _encode_us(best)
+        use += (
+            " (within 10%: "
+            + ", ".join(
+                f"`{c.codec}`, its engine encode {_x(_encode_us(c) / encode)}" for c in near
+            )
+            + ")"
+        )
     old = index.get(("logprobs", best.transport, OLD_PATH, big))
     margin = (
         f"{old.frontend_us / best.frontend_us:.1f}x less frontend CPU per step than "
@@ -562,7 +590,7 @@ def advice_rows(raw_dir: Path) -> list[list[str]]:
         [
             "engine step outputs with tensors",
             "between your API server and its engine process (vLLM's hop)",
-            f"`{best.codec}` over `{best.transport}`",
+            use,
             margin,
             changes,
         ]
