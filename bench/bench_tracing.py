@@ -302,9 +302,13 @@ class _Timed:
 
 
 def _cpu_pairs(
-    subject: Callable[[], Any], subject_pid: int, baseline: Callable[[], Any], base_pid: int
+    subject: Callable[[], Any],
+    subject_pid: int,
+    baseline: Callable[[], Any],
+    base_pid: int,
+    count: int,
 ) -> list[tuple[int, int]]:
-    """``PAIRS`` back-to-back (subject, baseline) CPU times: this thread's + the server's."""
+    """``count`` back-to-back (subject, baseline) CPU times: this thread's + the server's."""
 
     def cpu_ns(work: Callable[[], Any], pid: int) -> int:
         clock = placement.cpu_clock(pid)
@@ -316,7 +320,7 @@ def _cpu_pairs(
     gc.collect()
     gc.disable()  # as the paired ratios: no collection billed to one side
     try:
-        for i in range(PAIRS):
+        for i in range(count):
             if i % 2:
                 a = cpu_ns(subject, subject_pid)
                 b = cpu_ns(baseline, base_pid)
@@ -377,7 +381,11 @@ def bench_tracing_hooks_off(benchmark: Any, tracing_env: _Env, transport: str) -
             subject, baseline, pairs, min_sample_s=0.0 if disabled else HOOKS_SAMPLE_S
         )
         cpu = _cpu_pairs(
-            subject, _pid(env, transport, "plain"), baseline, _pid(env, transport, "unhooked")
+            subject,
+            _pid(env, transport, "plain"),
+            baseline,
+            _pid(env, transport, "unhooked"),
+            pairs,
         )
         info["hooks_off_vs_absent_cpu"] = statistics.median(a / max(b, 1) for a, b in cpu)
         # the control: the same servers, two processes of one build, paired the same way
@@ -423,13 +431,13 @@ def bench_tracing_on(benchmark: Any, tracing_env: _Env, transport: str) -> None:
     env.tracer.flush()
     exported_before = _exporter_ns()
     cpu = _cpu_pairs(
-        subject, _pid(env, transport, "traced"), baseline, _pid(env, transport, "paced")
+        subject, _pid(env, transport, "traced"), baseline, _pid(env, transport, "paced"), pairs
     )
     flushing = time.thread_time_ns()
     env.tracer.flush()  # the SDK exports what is left on the calling thread
     flush_ns = time.thread_time_ns() - flushing
     export_ns = _exporter_ns() - exported_before + flush_ns
-    export_ns_per_span = export_ns / (PAIRS * CLIENT_SPANS)
+    export_ns_per_span = export_ns / (pairs * CLIENT_SPANS)
     cpu_sync_ns = statistics.median(a - b for a, b in cpu)
     cpu_overhead_ns = cpu_sync_ns + export_ns_per_span * (CLIENT_SPANS + SERVER_SPANS)
     overhead_ns = statistics.median(a - b for a, b in e2e)

@@ -331,14 +331,14 @@ JSON_ENCODERS: list[Callable[[Any], bytes]] = [
 
 
 @IMPLS
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=150)
 @given(value=JSON_VALUES, encoder=st.sampled_from(JSON_ENCODERS))
 def test_json_matches_the_object(impl: Any, value: Any, encoder: Callable[[Any], bytes]) -> None:
     assert_exact(impl.check_json, encoder(value), depth_of(value), count_of(value))
 
 
 @IMPLS
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=150)
 @given(value=MSGPACK_VALUES_ST, use_single_float=st.booleans())
 def test_msgpack_matches_the_object(impl: Any, value: Any, use_single_float: bool) -> None:
     data = msgpack.packb(value, use_single_float=use_single_float)
@@ -378,7 +378,7 @@ def test_msgpack_any_bytes(data: bytes, limits: tuple[int, int]) -> None:
     assert_agree("check_msgpack", data, limits)
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=150)
 @given(value=MSGPACK_VALUES_ST, cut=st.integers(0), limits=LIMITS)
 def test_any_prefix_of_valid_input(value: Any, cut: int, limits: tuple[int, int]) -> None:
     packed = msgpack.packb(value)
