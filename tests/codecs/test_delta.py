@@ -451,7 +451,7 @@ def responses(draw: st.DrawFn, max_chunks: int = 8) -> list[ic.TokenChunk]:
     return response(*steps, start=start, base=base)
 
 
-@settings(max_examples=150)
+@settings(max_examples=80)
 @given(chunks=responses(), data=st.data())
 def test_any_response_round_trips_in_any_split(
     chunks: list[ic.TokenChunk], data: st.DataObject
@@ -678,7 +678,7 @@ def protobuf_fields(draw: st.DrawFn, nested: bool = True) -> bytes:
     return bytes(out)
 
 
-@settings(max_examples=200)
+@settings(max_examples=100)
 @given(bodies=st.lists(protobuf_fields(), max_size=4), ended=st.booleans())
 def test_frames_of_random_fields_decode_or_raise_decode_error(
     bodies: list[bytes], ended: bool

@@ -403,7 +403,7 @@ def split_at(data: bytes, points: Sequence[int]) -> list[bytes]:
     return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-@settings(max_examples=200)
+@settings(max_examples=100)
 @given(chunks=responses(), data=st.data())
 def test_any_stream_decodes_the_same_in_any_split(
     chunks: list[ic.TokenChunk], data: st.DataObject

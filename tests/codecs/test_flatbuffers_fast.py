@@ -257,7 +257,7 @@ def embeddings(draw: st.DrawFn) -> EmbeddingBatch:
     return EmbeddingBatch(model=draw(texts), vectors=vectors, usage=draw(usages))
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(chunk=chunks)
 def test_any_chunk_is_the_references_bytes(chunk: TokenChunk) -> None:
     check_same_as_reference(chunk)
